@@ -107,6 +107,29 @@ def _step(
             tracker.reset_mod_stats()  # it follows one iteration at a time
 
 
+def _fsdp1(
+    build: Callable[[ExampleConfig], nn.Module],
+    config: ExampleConfig,
+    kwargs: dict[str, Any],
+    mesh: tuple[int, int] | None = None,
+) -> FSDP:
+    """The model of ``config`` (``build``, torch's generator seeded first) under FSDP1 on the
+    CPU, each layer a unit (the root one), with ``kwargs`` (and ``mesh``, the fake process
+    group's ranks as HSDP's device mesh, where given); FSDP's warnings ignored."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build(config)
+        meshed = {} if mesh is None else {"device_mesh": init_device_mesh("cpu", mesh)}
+        return FSDP(
+            model,
+            auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+            device_id=torch.device("cpu"),
+            **meshed,
+            **kwargs,
+        )
+
+
 def _measured_peak(
     kwargs: dict[str, Any],
     micro_steps: int,
@@ -124,15 +147,9 @@ def _measured_peak(
     peak (``"PARAM"``, ``"TEMP"``, ...); ``checkpointed``: the layers run under
     non-reentrant activation checkpointing, applied inside their units, as trainers do
     (``apply_activation_checkpointing`` after wrapping)."""
-    torch.manual_seed(0)
+    fsdp = _fsdp1(build, config, kwargs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fsdp = FSDP(
-            build(config),
-            auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
-            device_id=torch.device("cpu"),
-            **kwargs,
-        )
         layers = [m for m in fsdp.modules() if isinstance(m, DecoderLayer)]
         picked = {id(layers[i]) for i in checkpointed}
         wrapper = partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)

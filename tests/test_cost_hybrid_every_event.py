@@ -30,6 +30,7 @@ from every_event import Measured, same, settled_after, settler, steady
 from test_cost_fsdp1_memtracker import (
     BF16_FP32,
     CONFIG,
+    _fsdp1,
     _ids,
     _loss,
     _SecondLayerTwice,
@@ -37,7 +38,6 @@ from test_cost_fsdp1_memtracker import (
 )
 from torch import nn
 from torch.distributed._tools.mem_tracker import _MemRefType
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import ShardingStrategy
 from torch.distributed.fsdp import _runtime_utils as ru
@@ -57,16 +57,7 @@ def _measured_fsdp1(
     optimizer step's micro-steps (the first ``micro_steps - 1`` under ``no_sync``), each
     with the bytes at its moment and the most since the event before; ``build``: the model
     of ``CONFIG``."""
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fsdp = FSDP(
-            build(CONFIG),
-            auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
-            device_id=torch.device("cpu"),
-            device_mesh=init_device_mesh("cpu", (2, 2)),
-            **kwargs,
-        )
+    fsdp = _fsdp1(build, CONFIG, kwargs, mesh=(2, 2))
     ids = _ids()
 
     def step(tracker: Any = None) -> None:

@@ -49,6 +49,7 @@ def traced_each() -> Tuning:
     one or has one traced with its lead's resharding)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(BatchFamilies, "derived", lambda self, key, samples: None)
+        mp.setattr(BatchFamilies, "derivable", lambda self, key, samples: None)
         mp.setattr(BatchFamilies, "lead", lambda self, key, samples: None)
         return _tune()
 

@@ -11,6 +11,7 @@ import pytest
 
 import fsdpviz
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
+from fsdpviz.replan.batch_replay import BatchCapture
 from fsdpviz.tuning import Tuning
 from fsdpviz.tuning.checkpoint_pairs import CheckpointPairs
 
@@ -213,11 +214,22 @@ def test_workers_leave_a_key_whose_missing_sibling_is_not_traced(source: str) ->
             workers=workers,
         )  # fmt: skip
 
+    made: list[tuple[BatchCapture, int]] = []  # each batch a family's capture made
+    at = BatchCapture.at
+
+    def counted(self: BatchCapture, samples: int) -> fsdpviz.Report | None:
+        made.append((self, samples))
+        return at(self, samples)
+
     exhaustive = StagedSearch._exhaustive
     plain = tune(1)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(StagedSearch, "_exhaustive", ahead)
+        mp.setattr(BatchCapture, "at", counted)
         forked, in_process = tune(2), tune(1)  # (in the same order without workers)
+    # a batch asked ahead (whether the family derives it) is made once, for the search too
+    assert made or not family
+    assert len({(id(capture), b) for capture, b in made}) == len(made)
     assert sorted(_candidates(in_process)) == sorted(_candidates(plain))
     assert in_process.checkpoint_derived > 0
     counts = [(t.traces, t.checkpoint_derived, t.derived, t.reused) for t in (forked, in_process)]

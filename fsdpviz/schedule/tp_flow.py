@@ -41,10 +41,13 @@ _ARITHMETIC = {
     for op in ("add", "radd", "iadd", "sub", "rsub", "isub", "mul", "rmul", "imul",
                "truediv", "rtruediv", "itruediv", "matmul", "rmatmul")
 }  # fmt: skip
-# normalisations over the last dims: F.layer_norm runs as aten.native_layer_norm (fused),
-# F.rms_norm as arithmetic on the CPU (tp_implicit.normalised)
-_NORMS = {nn.functional.layer_norm: True, torch.layer_norm: True, torch.rms_norm: False} | {
-    nn.functional.rms_norm: False
+# normalisations over the last dims, each whether it is fused: F.layer_norm runs as
+# aten.native_layer_norm (fused), F.rms_norm as arithmetic on the CPU (tp_implicit.normalised)
+_NORMS = {
+    nn.functional.layer_norm: True,
+    torch.layer_norm: True,
+    torch.rms_norm: False,
+    nn.functional.rms_norm: False,
 }
 # what takes a plain tensor beside a DTensor: loss_parallel()'s handlers make a plain target
 # (and weight) a DTensor (``_cast_to_dtensor``); the others read only its shape or dtype
@@ -111,9 +114,15 @@ class DTensorFlow(TorchFunctionMode):
         if origin is not None and func not in _TAKE_PLAIN:
             self._check_mixed(func, tensors, origin)
         out = func(*args, **(kwargs or {}))
-        norm = self._normalise if func in _NORMS and args else None
-        if norm and origin is not None and isinstance(out, torch.Tensor):
-            out = norm(args[0], out, _NORMS[func], origin) if torch.is_tensor(args[0]) else out
+        if (
+            func in _NORMS
+            and self._normalise is not None
+            and origin is not None
+            and args
+            and torch.is_tensor(args[0])
+            and isinstance(out, torch.Tensor)
+        ):
+            out = self._normalise(args[0], out, _NORMS[func], origin)
         if origin is not None:
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):

@@ -30,6 +30,8 @@ class _Family:
     capture: BatchCapture | None = None
     refused: bool = False  # the bases do not pair: every batch traced as asked
     planned: set[int] = field(default_factory=set)  # batches being traced side by side
+    # the capture's reports by batch (None: not exact), each until derived() hands it out
+    made: dict[int, Report | None] = field(default_factory=dict)
 
     def open(self) -> bool:
         """Whether the family still takes traces for its capture."""
@@ -46,6 +48,17 @@ class BatchFamilies:
     def derived(self, key: tuple[Any, ...], samples: int) -> tuple[Report, dict[str, Any]] | None:
         """The family's trace at ``samples`` and the replayed knobs' keywords it is made with
         (the lead's), derived; None: not two traces of it yet, or not exact (trace it)."""
+        changes = self.derivable(key, samples)
+        if changes is None:
+            return None
+        made = self._families[key].made.pop(samples)  # (the caller's now: reports change)
+        assert made is not None
+        return made, changes
+
+    def derivable(self, key: tuple[Any, ...], samples: int) -> dict[str, Any] | None:
+        """The replayed knobs' keywords of the family's trace at ``samples`` where
+        :meth:`derived` gives it (the lead's); None where it does not. The trace is made
+        once: kept for :meth:`derived`."""
         f = self._families.setdefault(key, _Family())
         if f.capture is None and not f.refused and len(f.bases) >= 2:
             (b1, low), (b2, high) = f.bases[:2]
@@ -56,8 +69,9 @@ class BatchFamilies:
             f.bases.clear()
         if f.capture is None or f.changes is None:
             return None
-        made = f.capture.at(samples)
-        return None if made is None else (made, f.changes)
+        if samples not in f.made:
+            f.made[samples] = f.capture.at(samples)
+        return None if f.made[samples] is None else f.changes
 
     def lead(self, key: tuple[Any, ...], samples: int) -> Any:
         """The configuration whose replayed knobs a trace at ``samples`` takes, so that it

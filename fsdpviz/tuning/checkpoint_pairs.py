@@ -20,8 +20,8 @@ derives) (:meth:`CheckpointPairs.left_to_derive`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any, Final, Protocol
 
 from fsdpviz.replan.checkpoint_replay import checkpoint_capture
 from fsdpviz.schema.checkpointing import CheckpointEvery
@@ -29,26 +29,64 @@ from fsdpviz.schema.report import Report
 from fsdpviz.tuning.retune import StoredTrace, same_changes
 from fsdpviz.tuning.space import Choice
 
-__all__ = ["CheckpointPairs", "Sibling"]
+__all__ = ["CheckpointPairs", "PairSearch", "Sibling"]
 
 _KNOB: Final = "activation_checkpointing"
 
-Sibling = tuple[tuple[Any, ...], dict[str, Choice]]
+Key = tuple[Any, ...]
+Config = dict[str, Choice]
+Sibling = tuple[Key, Config]
 """A sibling's trace key and configuration."""
+Batch = dict[Key, tuple[Config, bool]]
+"""The trace keys forked workers are to trace, each with its configuration and whether it is
+the one as given."""
+
+
+class PairSearch(Protocol):
+    """What the pairs ask of their search (:class:`~fsdpviz.tuning.evaluation.Evaluations`)."""
+
+    def trace_key(self, config: Config) -> Key:
+        """``config``'s trace key."""
+        ...
+
+    def traced_changes(self, config: Config) -> dict[str, Any]:
+        """The replayed knobs' keywords of ``config`` (those its trace key leaves out)."""
+        ...
+
+    def trace_of(self, key: Key) -> StoredTrace | None:
+        """The search's trace of ``key`` and the keywords it is made with (None: none)."""
+        ...
+
+    def ahead(self, key: Key, config: Config) -> bool:
+        """Whether a pair's sibling is traced ahead for ``key`` (not where its micro-batch
+        family derives ``key``)."""
+        ...
+
+    def untraced(self, key: Key, config: Config) -> dict[str, Any] | None:
+        """The keywords of the trace the search takes for ``key`` without tracing it (an
+        earlier search's, or derived from its micro-batch family); None: it traces it."""
+        ...
+
+    def wanted(self, key: Key, config: Config) -> bool:
+        """Whether forked workers trace ``key``."""
+        ...
 
 
 class CheckpointPairs:
-    """The pairs of one search (see the module's docstring): whether one was refused."""
+    """The pairs of one search (see the module's docstring): whether one was refused.
+    ``choices``: the checkpointing choices the search offers."""
 
-    def __init__(self) -> None:
+    def __init__(self, search: PairSearch, choices: list[Choice]) -> None:
+        self.search = search
+        self.choices = choices
         self.refused = False  # a pair did not derive: no sibling traced ahead any more
 
     @staticmethod
     def siblings(
-        key: tuple[Any, ...],
-        config: dict[str, Choice],
+        key: Key,
+        config: Config,
         choices: list[Choice],
-        key_of: Callable[[dict[str, Choice]], tuple[Any, ...]],
+        key_of: Callable[[Config], Key],
     ) -> tuple[Sibling, Sibling, int] | None:
         """The trace keys and configurations of ``config``'s siblings (``key``: its trace key,
         ``key_of`` a configuration's, what ``key`` adds to it kept), and its ``n``, where it
@@ -71,110 +109,82 @@ class CheckpointPairs:
         return out[0], out[1], spec.every
 
     def derive(
-        self,
-        asked: tuple[tuple[Any, ...], dict[str, Choice], Callable[[dict[str, Choice]], Any]],
-        choices: list[Choice],
-        made: tuple[
-            dict[str, Any],
-            Mapping[tuple[Any, ...], Report | None],
-            Callable[[tuple[Any, ...]], StoredTrace | None],
-        ],
-        trace: Callable[[tuple[Any, ...], dict[str, Choice]], Any],
-        ahead: Callable[[], bool],
+        self, key: Key, config: Config, trace: Callable[[Key, Config], Any]
     ) -> tuple[Report, dict[str, Any]] | None:
-        """The trace of ``asked`` (its trace key, configuration, and how a configuration's key
-        is made) and the replayed knobs' keywords it is made with, derived from its siblings'
-        traces (``made``: the configuration's own replayed knobs' keywords, the search's
-        traces by key, and a key's stored trace with those it was made with); where one
-        sibling is traced, made with the configuration's own, and ``ahead()``, the other is
-        traced first (``trace``). None: trace it."""
-        changes, traces, kept = made
+        """The trace of ``key`` (of ``config``) and the replayed knobs' keywords it is made
+        with, derived from its siblings' traces (:meth:`_pair`: the sibling missing traced
+        first, ``trace``). None: trace it."""
 
-        def stored(k: tuple[Any, ...]) -> tuple[Report | None, dict[str, Any] | None] | None:
-            found = kept(k)
-            return (
-                (traces[k], None if found is None else dict(found.changes)) if k in traces else None
-            )
+        def first(k: Key, c: Config) -> dict[str, Any] | None:
+            trace(k, c)
+            return self._made_with(k)
 
-        sibs = self.siblings(*asked[:2], choices, asked[2])
-        if sibs is None:
+        pair = self._pair(key, config, first)
+        if pair is None:
             return None
-        (k0, c0), (k1, c1), n = sibs
-        there = [stored(k0), stored(k1)]
-        if there.count(None) == 1 and not self.refused:
-            mine = there[1] if there[0] is None else there[0]
-            assert mine is not None
-            if mine[1] is not None and same_changes(mine[1], changes) and ahead():
-                trace(*((k0, c0) if there[0] is None else (k1, c1)))
-                there = [stored(k0), stored(k1)]
-        one, two = there
-        if one is None or two is None:
-            return None
-        (t0, ch0), (t1, ch1) = one, two
-        if t0 is None or t1 is None or ch0 is None or ch1 is None or not same_changes(ch0, ch1):
-            return None
-        plan = self.derived((t0, t1), n)
-        return None if plan is None else (plan, ch0)
+        (k0, _), (k1, _), n = pair
+        one, two = self.search.trace_of(k0), self.search.trace_of(k1)
+        assert one is not None and two is not None
+        plan = self.derived((one.report, two.report), n)
+        return None if plan is None else (plan, dict(one.changes))
 
-    def left_to_derive(
-        self,
-        todo: dict[tuple[Any, ...], tuple[dict[str, Choice], bool]],
-        choices: list[Choice],
-        key_of: Callable[[dict[str, Choice]], tuple[Any, ...]],
-        made: tuple[
-            Callable[[dict[str, Choice]], dict[str, Any]],
-            Mapping[tuple[Any, ...], Report | None],
-            Callable[[tuple[Any, ...]], StoredTrace | None],
-        ],
-        ahead: Callable[[tuple[Any, ...], dict[str, Choice]], bool],
-        wanted: Callable[[tuple[Any, ...], dict[str, Choice]], bool],
-        untraced: Callable[[tuple[Any, ...], dict[str, Choice]], dict[str, Any] | None],
-    ) -> dict[tuple[Any, ...], tuple[dict[str, Choice], bool]]:
-        """``todo`` (the trace keys forked workers are to trace, each with its configuration
-        and whether it is the one as given) without the keys :meth:`derive` will derive once
-        they are traced: where both siblings are traced or in ``todo``, made with the same
-        replayed knobs; or where one is, made with the key's own, and ``ahead(key, config)``
-        (the search would trace the other first, :meth:`derive`'s ``ahead``) and the other is
-        ``wanted`` by the workers: that other in the key's place, or none where the search
-        takes the other without tracing it (``untraced``: the keywords of the trace it takes,
-        an earlier search's or derived from its micro-batch family; None: it traces it)
-        (``made``: a configuration's replayed knobs' keywords, the search's traces by key, a
-        key's stored trace, as :meth:`derive` takes them). Unchanged once a pair was
-        refused."""
-        changes_of, traces, kept = made
+    def left_to_derive(self, todo: Batch) -> Batch:
+        """``todo`` (the forked workers' batch) without the keys :meth:`derive` will derive
+        once they are traced (:meth:`_pair`, asked ahead: a sibling in ``todo`` as made with
+        its configuration's own keywords; the sibling missing taken as the search takes it
+        without tracing it, else put in the batch where the workers trace it). Unchanged
+        once a pair was refused."""
         out = dict(todo)
-
-        def state(k: tuple[Any, ...]) -> dict[str, Any] | bool:
-            """The keywords ``k``'s trace is (or is to be) made with; False: none there,
-            True: one that derives nothing (failed, or its keywords not kept)."""
-            if k in out:
-                return changes_of(out[k][0])
-            found = kept(k)
-            if k not in traces:
-                return False
-            return True if traces[k] is None or found is None else dict(found.changes)
-
+        if self.refused:
+            return out
         for key, (config, mine) in todo.items():
-            sibs = None if self.refused else self.siblings(key, config, choices, key_of)
-            if sibs is None:
-                continue
-            (k0, c0), (k1, c1), _ = sibs
-            there = [state(k0), state(k1)]
-            if there.count(False) == 1:
-                k, c = (k0, c0) if there[0] is False else (k1, c1)
-                have = there[1] if there[0] is False else there[0]
-                own = changes_of(config)
-                if isinstance(have, dict) and same_changes(have, own) and ahead(key, config):
-                    taken = untraced(k, c)
-                    if taken is not None:  # (derive's trace of it takes it so)
-                        there = [taken if x is False else x for x in there]
-                    elif wanted(k, c):
-                        out[k] = (c, mine)
-                        there = [have, have]
-            one, two = there
-            if isinstance(one, dict) and isinstance(two, dict) and same_changes(one, two):
+
+            def first(k: Key, c: Config, mine: bool = mine) -> dict[str, Any] | None:
+                taken = self.search.untraced(k, c)  # (derive's trace of it takes it so)
+                if taken is None and self.search.wanted(k, c):
+                    out[k] = (c, mine)
+                    return self._made_with(k, out)
+                return taken
+
+            if self._pair(key, config, first, out) is not None:
                 del out[key]
         return out
+
+    def _made_with(self, key: Key, batch: Batch | None = None) -> dict[str, Any] | None:
+        """What the search has, or will have, for ``key``: the keywords its trace is made
+        with, where it is traced or in the workers' ``batch`` (its configuration's own);
+        None: neither."""
+        if batch is not None and key in batch:
+            return self.search.traced_changes(batch[key][0])
+        found = self.search.trace_of(key)
+        return None if found is None else dict(found.changes)
+
+    def _pair(
+        self,
+        key: Key,
+        config: Config,
+        first: Callable[[Key, Config], dict[str, Any] | None],
+        batch: Batch | None = None,
+    ) -> tuple[Sibling, Sibling, int] | None:
+        """``config``'s siblings and ``n`` (``key``: its trace key) where both siblings'
+        traces are there (:meth:`_made_with`), made with the same keywords; where one is,
+        made with ``config``'s own, and the search traces ahead for ``key``, the other is
+        made ``first`` (what the search will have for it; None: nothing yet). None: no
+        pair to derive from."""
+        sibs = self.siblings(key, config, self.choices, self.search.trace_key)
+        if sibs is None:
+            return None
+        s0, s1, _ = sibs
+        there = [self._made_with(s0[0], batch), self._made_with(s1[0], batch)]
+        if there.count(None) == 1 and not self.refused:
+            missing = there.index(None)
+            have = there[1 - missing]
+            own = self.search.traced_changes(config)
+            if have is not None and same_changes(have, own) and self.search.ahead(key, config):
+                there[missing] = first(*(s1 if missing else s0))
+        one, two = there
+        pairs = one is not None and two is not None and same_changes(one, two)
+        return sibs if pairs else None
 
     def derived(self, traces: tuple[Report, Report], n: int) -> Report | None:
         """The plan that checkpoints every ``n``-th block from the siblings' traces (without

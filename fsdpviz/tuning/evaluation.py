@@ -91,7 +91,9 @@ class Evaluations:
         # trace keys derived rather than traced: what from (Candidate.derived)
         self.derived_from: dict[tuple[Any, ...], str] = {}
         self._batches = BatchFamilies()  # traces that differ in the micro-batch alone
-        self._checkpoints = CheckpointPairs()  # every n-th block from none and each
+        # every n-th block from none and each
+        pairs = [] if space.pipelined else space.choices["activation_checkpointing"]
+        self._checkpoints = CheckpointPairs(self, pairs)
         self.earlier = dict(earlier or {})
         self.made: dict[tuple[Any, ...], StoredTrace] = {}  # this search's traces
         self.notes: list[str] = []
@@ -113,7 +115,7 @@ class Evaluations:
             )
         self.bar: Any = None
 
-    def _key(self, config: Config, any_batch: bool = False) -> tuple[Any, ...]:
+    def trace_key(self, config: Config, any_batch: bool = False) -> tuple[Any, ...]:
         """What the trace of ``config`` depends on: the knobs a replay cannot change (and the
         mesh's tensor-parallel degree: its data-parallel dimensions replay; a mesh a replay
         cannot apply; every knob, under a pipeline). ``any_batch``: with ``None`` for its
@@ -208,7 +210,7 @@ class Evaluations:
                 found.user = True
             return found
         self._seen[labels] = None
-        key = (*self._key(config), user and self._cache_off)
+        key = (*self.trace_key(config), user and self._cache_off)
         kwargs = self.space.kwargs(config)
         inputs = self._micro_inputs(_samples(config), user and self._cache_off)
         traced = False
@@ -272,24 +274,20 @@ class Evaluations:
         family, samples = self._batch_family(key, config)
         # every n-th block checkpointed, from its siblings' traces (checkpoint_pairs)
         checkpointed = self._checkpoints.derive(
-            (key, config, self._key),
-            [] if self.space.pipelined else self.space.choices["activation_checkpointing"],
-            (self._traced_changes(config), self._traces, self._stored),
-            lambda k, c: self._trace(k, c, inputs, self.space.kwargs(c), align),
-            lambda: self._ahead(family, samples),
+            key, config, lambda k, c: self._trace(k, c, inputs, self.space.kwargs(c), align)
         )
         if checkpointed is not None:
             self._traces[key] = checkpointed[0]
             self.made[key] = StoredTrace(*checkpointed)
             self.derived_from[key] = FROM_CHECKPOINT_PAIR
-            return same_changes(checkpointed[1], self._traced_changes(config))
+            return same_changes(checkpointed[1], self.traced_changes(config))
         if family is None:
             made = self._analyze(inputs, self._trace_kwargs(config, kwargs))
             self._traces[key] = made
             if made is not None:
-                self.made[key] = StoredTrace(made, self._traced_changes(config))
+                self.made[key] = StoredTrace(made, self.traced_changes(config))
             return True
-        own = self._traced_changes(config)
+        own = self.traced_changes(config)
         derived = self._batches.derived(family, samples)
         if derived is not None:
             made, changes = derived
@@ -306,7 +304,7 @@ class Evaluations:
                     made_for = config
             if made_for is config:
                 made = self._analyze(inputs, self._trace_kwargs(config, kwargs), True)
-            changes = self._traced_changes(made_for)
+            changes = self.traced_changes(made_for)
             if made is not None:
                 self._batches.traced(family, changes, made_for, samples, made)
         self._traces[key] = made
@@ -324,7 +322,7 @@ class Evaluations:
         samples = _samples(config) or self.space.batch
         if self.space.pipelined or self._traces_accum(config) or samples < 1:
             return None, samples
-        free = self._key(config, any_batch=True)
+        free = self.trace_key(config, any_batch=True)
         return (*free, *key[len(free) :]), samples
 
     def _aligned(self, config: Config, lead: Config) -> Config:
@@ -332,7 +330,7 @@ class Evaluations:
         with the lead's: see :mod:`fsdpviz.tuning.batch_families`)."""
         return {**config, **{k: lead[k] for k in REPLAYED[self.api] if k in lead}}
 
-    def _traced_changes(self, config: Config) -> dict[str, Any]:
+    def traced_changes(self, config: Config) -> dict[str, Any]:
         """The keywords ``config``'s trace is made with that its trace key leaves out: the
         replayed knobs' and the precision policy's (its reduce dtype replays)."""
         out = {k: v for k, v in self._replay_changes(config).items() if k != "grad_accum"}
@@ -347,7 +345,7 @@ class Evaluations:
         stored = self.earlier.get(key)
         if stored is None or not holds_on_machine(stored.report, self.machine_arg):
             return None
-        if same_changes(stored.changes, self._traced_changes(config)):
+        if same_changes(stored.changes, self.traced_changes(config)):
             return True
         report = stored.report
         return None if report.pipeline is not None or report.profile is None else False
@@ -385,18 +383,10 @@ class Evaluations:
         pairs = [(c, False) for c in configs] + ([(user, True)] if user is not None else [])
         for config, mine in pairs:
             config = self._float8_on_mesh(config)
-            key = (*self._key(config), mine and self._cache_off)
-            if key not in todo and self._wanted(key, config):
+            key = (*self.trace_key(config), mine and self._cache_off)
+            if key not in todo and self.wanted(key, config):
                 todo[key] = (config, mine)
-        todo = self._checkpoints.left_to_derive(
-            todo,
-            [] if self.space.pipelined else self.space.choices["activation_checkpointing"],
-            self._key,
-            (self._traced_changes, self._traces, self._stored),
-            lambda k, c: self._ahead(*self._batch_family(k, c)),
-            self._wanted,
-            self._untraced,
-        )
+        todo = self._checkpoints.left_to_derive(todo)
         if self._workers < 2 or len(todo) < 2 or (self._auto_workers and not self._slow_traces()):
             return
         jobs = [
@@ -421,27 +411,34 @@ class Evaluations:
             if result is not None:
                 family, samples = self._batch_family(key, config)
                 if family is not None:
-                    changes = self._traced_changes(config)
+                    changes = self.traced_changes(config)
                     self._batches.traced(family, changes, config, samples, result)
                 self._traces[key] = result
-                self.made[key] = StoredTrace(result, self._traced_changes(config))
+                self.made[key] = StoredTrace(result, self.traced_changes(config))
                 self._prefetched.add(key)
                 self.trace_count += 1
 
-    def _ahead(self, family: tuple[Any, ...] | None, samples: int) -> bool:
-        """Whether a checkpoint pair's sibling is traced ahead: not where a family derives."""
-        return family is None or self._batches.derived(family, samples) is None
+    def trace_of(self, key: tuple[Any, ...]) -> StoredTrace | None:
+        """This search's trace of ``key`` (taken from an earlier search's, or its own) and
+        the keywords it is made with; None: none."""
+        report, found = self._traces.get(key), self._stored(key)
+        return None if report is None or found is None else StoredTrace(report, found.changes)
 
-    def _untraced(self, key: tuple[Any, ...], config: Config) -> dict[str, Any] | None:
+    def ahead(self, key: tuple[Any, ...], config: Config) -> bool:
+        """Whether a checkpoint pair's sibling is traced ahead for ``key``: not where its
+        micro-batch family derives it."""
+        family, samples = self._batch_family(key, config)
+        return family is None or self._batches.derivable(family, samples) is None
+
+    def untraced(self, key: tuple[Any, ...], config: Config) -> dict[str, Any] | None:
         """The keywords of the trace :meth:`_trace` takes for ``key`` without tracing it (an
         earlier search's, or derived from its micro-batch family); None: it traces it."""
         if self._reusable(key, config) is not None:
             return dict(self.earlier[key].changes)
         family, samples = self._batch_family(key, config)
-        derived = None if family is None else self._batches.derived(family, samples)
-        return None if derived is None else derived[1]
+        return None if family is None else self._batches.derivable(family, samples)
 
-    def _wanted(self, key: tuple[Any, ...], config: Config) -> bool:
+    def wanted(self, key: tuple[Any, ...], config: Config) -> bool:
         """Whether workers trace ``key``: not traced, reused, or left to its micro-batch family."""
         if key in self._traces or self._reusable(key, config) is not None:
             return False
