@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from typing import Any
 
 import pytest
@@ -211,6 +212,9 @@ def test_a_context_parallel_mesh_stays_as_given() -> None:
     for c in t.candidates:
         assert c.report.config.cp_world_size == 2
         _same(fsdpviz.analyze(tt.model, c.inputs, machine="h100", **c.kwargs), c.report)
+        # torchtitan's job: dp_shard 4 (it wrote 8: the cp ranks too), the cp degree
+        par = tomllib.loads(c.code("torchtitan"))["parallelism"]
+        assert (par["data_parallel_shard_degree"], par["context_parallel_degree"]) == (4, 2)
     with pytest.raises(fsdpviz.ConfigError, match="keeps a context-parallel mesh as given"):
         fsdpviz.tune(tt, world_size=16, progress=False)
 
@@ -238,6 +242,11 @@ def test_a_context_parallel_mesh_with_tensor_parallelism_stays_as_given() -> Non
     for c in t.candidates:
         assert (c.report.config.cp_world_size, c.report.config.tp_world_size) == (2, 2)
         _same(fsdpviz.analyze(tt.model, c.inputs, machine="h100", **c.kwargs), c.report)
+        # torchtitan's degrees, the replicas too (it wrote replicate 1, dp_shard 4, no cp)
+        par = tomllib.loads(c.code("torchtitan"))["parallelism"]
+        keys = ["data_parallel_replicate", "data_parallel_shard"]
+        keys += ["context_parallel", "tensor_parallel"]
+        assert [par[f"{k}_degree"] for k in keys] == [2, 1, 2, 2]
 
 
 def test_fixed_options_stay_and_fsdp1_is_tuned_in_its_own_words() -> None:

@@ -18,9 +18,10 @@ accelerate YAML of each, their keys against the configuration.
 from __future__ import annotations
 
 import contextlib
+import math
 import tomllib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -35,6 +36,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.utils.checkpoint import CheckpointPolicy
 
 import fsdpviz
+from fsdpviz.configs.torchtitan_job import mesh_degrees
 from fsdpviz.cost import machine
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_model
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
@@ -322,7 +324,7 @@ def assert_trainer_keys(c: Candidate) -> None:
     assert training["mixed_precision_param"] == (
         "bfloat16" if param is torch.bfloat16 else "float32"
     )
-    shard = cfg.mesh_dims.dp_shard_cp
+    shard = cfg.mesh_dims.dp_shard
     assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] == c.world_size
     assert par["data_parallel_shard_degree"] == shard
     assert training.get("enable_cpu_offload", False) is offload
@@ -508,6 +510,105 @@ def test_trainer_keys_of_a_plan() -> None:
     assert yaml.safe_load(configuration_code(c, "accelerate"))["mixed_precision"] == "no"
     titan = tomllib.loads(configuration_code(c, "torchtitan"))
     assert titan["parallelism"]["fsdp_reshard_after_forward"] == "default"
+
+
+# The meshes tune plans on (1-D, HSDP, FSDP x TP, HSDP x TP, a context-parallel mesh as
+# given, a pipeline's), as torchtitan's degrees on 8 ranks
+TITAN_MESHES = {
+    "1-D": {},
+    "HSDP": {"data_parallel_replicate_degree": 2},
+    "FSDP x TP": {"tensor_parallel_degree": 2},
+    "HSDP x TP": {"data_parallel_replicate_degree": 2, "tensor_parallel_degree": 2},
+    "FSDP x cp": {"context_parallel_degree": 2},
+    "HSDP x cp": {"data_parallel_replicate_degree": 2, "context_parallel_degree": 2},
+    "FSDP x cp x TP": {"context_parallel_degree": 2, "tensor_parallel_degree": 2},
+    "HSDP x cp x TP": {"data_parallel_replicate_degree": 2, "context_parallel_degree": 2,
+                       "tensor_parallel_degree": 2},
+    "PP x FSDP": {"pipeline_parallel_degree": 2},
+    "PP x FSDP x TP": {"pipeline_parallel_degree": 2, "tensor_parallel_degree": 2},
+}  # fmt: skip
+
+
+def _titan_keywords(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A torchtitan job's analyze keywords, comparable: the loss left out (its labels are the
+    sequence's), the tensor-parallel plan as its styles' names."""
+    out = {k: v for k, v in config.items() if k not in ("loss", "parallelize_plan")}
+    plan = config.get("parallelize_plan") or {}
+    return {**out, "parallelize_plan": {k: type(v).__name__ for k, v in plan.items()}}
+
+
+@pytest.mark.parametrize("degrees", TITAN_MESHES.values(), ids=TITAN_MESHES.keys())
+def test_the_torchtitan_job_reads_back_as_planned(degrees: dict[str, int]) -> None:
+    """The job TOML of each mesh, read by fsdpviz's torchtitan reader, is the plan's: its
+    degrees (their product the world size), its analyze keywords, and its global batch (the
+    micro-batches of a step over ``dp_replicate x dp_shard`` ranks: the cp ranks of one share
+    its samples). It wrote a context-parallel mesh's cp ranks into ``data_parallel_shard_degree``
+    with no ``context_parallel_degree``, counted them in the global batch, and wrote HSDP x cp
+    x TP's replicas as 1."""
+    job = {
+        "model": {"name": "llama3", "flavor": "debugmodel"},
+        "training": {"local_batch_size": 4, "seq_len": 64},
+        "parallelism": degrees,
+        "activation_checkpoint": {"mode": "full"},
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        source = fsdpviz.from_torchtitan(job, world_size=8)
+    report = fsdpviz.analyze(source.model, source.inputs, progress=False, **source.config)
+    c = Planned(cast(TuneKwargs, dict(source.config)), source.inputs, report, 4, 2, True)
+    text = configuration_code(c, "torchtitan")
+    dims = report.config.mesh_dims
+    par = tomllib.loads(text)["parallelism"]
+    written = [par.get(f"{k}_degree", 1) for k in ("data_parallel_replicate", "data_parallel_shard",
+                                                   "context_parallel", "tensor_parallel",
+                                                   "pipeline_parallel")]  # fmt: skip
+    assert written == [dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp, dims.pp]
+    assert math.prod(written) == 8
+    assert ("context_parallel_degree" in par) == (dims.cp > 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        back = fsdpviz.from_torchtitan(tomllib.loads(text))
+    assert _titan_keywords(back.config) == _titan_keywords(source.config)
+    parallel = tomllib.loads(text)["parallelism"]
+    assert mesh_degrees(parallel, None, "job", []) == dims
+    # two micro-batches a step, each reducing its gradients, as planned
+    steps = [n for n in back.config.notes if "micro-batches per step" in n]
+    assert len(steps) == 1 and "means 2 micro-batches per step" in steps[0]
+
+
+@pytest.mark.parametrize(("strategy", "degrees"), [("HYBRID_SHARD", [2, 2]), ("NO_SHARD", [4, 1])])
+def test_fsdp1s_sharding_as_torchtitans_degrees(strategy: str, degrees: list[int]) -> None:
+    """FSDP1's hybrid sharding over shard groups of 2 of 4 ranks is torchtitan's HSDP 2 x 2,
+    ``NO_SHARD`` its DDP (4 replicas); it wrote both as FSDP over the 4 ranks."""
+    c = planned(_plain(), _ids(128), auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+                sharding_strategy=ShardingStrategy[strategy],
+                shard_group_size=2 if strategy == "HYBRID_SHARD" else None)  # fmt: skip
+    titan = tomllib.loads(configuration_code(c, "torchtitan"))
+    par = titan["parallelism"]
+    assert [par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]] == degrees
+    assert titan["training"]["global_batch_size"] == 4 * 4
+
+
+def test_a_context_parallel_torchtitan_job() -> None:
+    """A ``dp_shard 4 x cp 2`` plan's job: the cp degree and the ring's rotation as planned,
+    the global batch over the 4 data-parallel ranks."""
+    job = {
+        "model": {"name": "llama3", "flavor": "debugmodel"},
+        "training": {"local_batch_size": 2, "seq_len": 64},
+        "parallelism": {"context_parallel_degree": 2},
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        source = fsdpviz.from_torchtitan(job, world_size=8)
+    report = fsdpviz.analyze(source.model, source.inputs, progress=False, **source.config)
+    text = configuration_code(Planned(cast(TuneKwargs, dict(source.config)), source.inputs,
+                                      report, 2), "torchtitan")  # fmt: skip
+    assert "global_batch_size = 8  # 1 micro-batch per step\n" in text
+    assert "data_parallel_replicate_degree = 1\ndata_parallel_shard_degree = 4\n" in text
+    assert "context_parallel_degree = 2\n" in text
+    assert 'context_parallel_rotate_method = "allgather"\n' in text
+    assert "training.seq_len must divide by 4 (2 x cp x tp)" in text
+    assert "# note: each ring step of the context-parallel attention" in text
 
 
 @pytest.mark.parametrize(

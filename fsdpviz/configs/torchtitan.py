@@ -52,6 +52,8 @@ from torch import nn
 
 from fsdpviz.configs.common import TrainerConfig, note
 from fsdpviz.configs.torchtitan_job import (
+    CP_ROTATE_KEY,
+    CP_ROTATE_METHOD,
     check_sections,
     compile_option,
     float8_option,
@@ -119,13 +121,13 @@ def from_torchtitan(
     parallel = data.get("parallelism", {})
     seq = int(training.get("seq_len", 2048))
     batch = int(training.get("local_batch_size", 8))
-    rotate = parallel.get("context_parallel_rotate_method", "allgather")
-    if int(parallel.get("context_parallel_degree", 1)) > 1 and rotate != "allgather":
+    rotate = parallel.get(CP_ROTATE_KEY, CP_ROTATE_METHOD)
+    if int(parallel.get("context_parallel_degree", 1)) > 1 and rotate != CP_ROTATE_METHOD:
         note(
             notes,
-            f"{where}: context_parallel_rotate_method = {rotate!r} is not modelled; ring "
-            "attention is planned with torch's default 'allgather' (keys and values gathered "
-            "once per attention)",
+            f"{where}: {CP_ROTATE_KEY} = {rotate!r} is not modelled; ring "
+            f"attention is planned with torch's default {CP_ROTATE_METHOD!r} (keys and values "
+            "gathered once per attention)",
         )
     mesh = mesh_degrees(parallel, world_size, where, notes)
     if int(training.get("global_batch_size", -1)) > batch * mesh.dp:

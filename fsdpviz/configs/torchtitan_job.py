@@ -21,6 +21,11 @@ from fsdpviz.configs.torchtitan_plan import RESHARD_KEY
 from fsdpviz.errors import ConfigError, did_you_mean
 from fsdpviz.schema.mesh import ParallelDims
 
+# torchtitan's collective for the ring's keys and values, and the one fsdpviz plans (torch's
+# default: every rank's gathered once per attention, schedule/cp_emulation.py)
+CP_ROTATE_KEY = "context_parallel_rotate_method"
+CP_ROTATE_METHOD = "allgather"
+
 # Keys of the sections that decide the plan (torchtitan/config/job_config.py); the other
 # sections (job, metrics, optimizer, checkpoint, ...) do not change what FSDP does.
 _SECTIONS: dict[str, set[str]] = {
@@ -39,7 +44,7 @@ _SECTIONS: dict[str, set[str]] = {
                     "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
                     "pipeline_parallel_microbatches", "pipeline_parallel_split_points",
                     "pipeline_parallel_expert_parallel_overlap", "context_parallel_degree",
-                    "context_parallel_load_balancer", "context_parallel_rotate_method",
+                    "context_parallel_load_balancer", CP_ROTATE_KEY,
                     "expert_parallel_degree", "expert_tensor_parallel_degree",
                     "expert_parallel_comm_backend"},
     "activation_checkpoint": {"mode", "selective_ac_option",
@@ -245,6 +250,8 @@ def compile_option(section: dict[str, Any], where: str, notes: list[str]) -> boo
 
 
 __all__ = [
+    "CP_ROTATE_KEY",
+    "CP_ROTATE_METHOD",
     "check_sections",
     "compile_option",
     "float8_option",

@@ -3,6 +3,7 @@ accelerate's config YAML, with a note for each setting they cannot."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -10,13 +11,16 @@ from collections.abc import Mapping
 import torch
 
 from fsdpviz.configs.accelerate import RESHARD_KEY as ACCELERATE_RESHARD
+from fsdpviz.configs.torchtitan_job import CP_ROTATE_KEY, CP_ROTATE_METHOD
 from fsdpviz.configs.torchtitan_plan import RESHARD_KEY as TITAN_RESHARD
 from fsdpviz.configs.torchtitan_plan import reshard_policy
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import schedule_class
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
+from fsdpviz.schema.config import ReportConfig
+from fsdpviz.schema.mesh import ParallelDims
 from fsdpviz.tuning.float8_styles import has_float8_styles
-from fsdpviz.tuning.fsdp_code import DTYPES, Candidate, hsdp_tp
+from fsdpviz.tuning.fsdp_code import DTYPES, Candidate
 from fsdpviz.tuning.space import reshard_given
 
 
@@ -42,14 +46,10 @@ def torchtitan_toml(c: Candidate) -> str:
             f"{RESHARD.code(given)} has no {TITAN_RESHARD} value; "
             "torchtitan's apply_fsdp needs a change for it"
         )
-    dims = cfg.mesh_dims
-    replicate, dp = 1, dims.dp_cp  # the ranks FSDP shards over, a cp dimension's too
-    if (cfg.mesh is not None and not cfg.tp_world_size) or hsdp_tp(cfg):
-        replicate, dp = dims.dp_replicate, dims.dp_shard_cp
-    if pipe is not None:  # the mesh's own dims: pp x dp_replicate x dp_shard (x tp)
-        mesh = dict(cfg.mesh or {})
-        replicate, dp = mesh.get("dp_replicate", 1), mesh.get("dp_shard", 1)
-    global_batch = c.micro_batch * c.grad_accum * replicate * dp
+    dims = titan_degrees(cfg)
+    # torchtitan's batch degree: the data-parallel ranks, each fed its own samples (the cp
+    # ranks of one share them, each a part of every sequence)
+    global_batch = c.micro_batch * c.grad_accum * dims.dp
     if c.grad_accum > 1 and not c.sync_each:
         notes.append(
             "torchtitan reduces the gradients after every micro-batch; this configuration "
@@ -65,11 +65,25 @@ def torchtitan_toml(c: Candidate) -> str:
         f'mixed_precision_reduce = "{tt_dtype.get(reduce, "float32")}"',
         "",
         "[parallelism]",
-        f"data_parallel_replicate_degree = {replicate}",
-        f"data_parallel_shard_degree = {dp}",
+        f"data_parallel_replicate_degree = {dims.dp_replicate}",
+        f"data_parallel_shard_degree = {dims.dp_shard}",
         f'{TITAN_RESHARD} = "{policy}"',
         f"tensor_parallel_degree = {dims.tp}",
     ]
+    if dims.cp > 1:
+        out += [
+            f"context_parallel_degree = {dims.cp}",
+            f'{CP_ROTATE_KEY} = "{CP_ROTATE_METHOD}"',
+            "# context parallelism as planned: torchtitan's default load balancing (each rank "
+            f"two of {2 * dims.cp} chunks of every sequence), ring attention over SDPA (a model "
+            "flavor without flex or varlen attention); training.seq_len must divide by "
+            f"{2 * dims.cp * dims.tp} (2 x cp x tp)",
+        ]
+        notes.append(
+            "each ring step of the context-parallel attention is costed as a flash-attention "
+            "kernel; torchtitan picks the SDPA kernel itself (no key; its releases of 2026 "
+            "try cuDNN attention first)"
+        )
     if pipe is not None:
         parts = [st.modules for st in sorted(pipe.stages, key=lambda st: st.index)]
         name, _ = schedule_class(pipe.schedule)
@@ -130,6 +144,22 @@ def torchtitan_toml(c: Candidate) -> str:
     if cfg.cpu_offload:
         out.insert(5, "enable_cpu_offload = true")
     return "\n".join(out + [f"# note: {n}" for n in notes])
+
+
+def titan_degrees(cfg: ReportConfig) -> ParallelDims:
+    """The degrees of torchtitan's ``ParallelDims`` for the plan of ``cfg``: the report's
+    own (:attr:`~fsdpviz.schema.config.ReportConfig.mesh_dims`), whose product is the world
+    size; FSDP1's ``NO_SHARD``, which all-reduces each gradient over every rank, as
+    torchtitan's DDP (every data-parallel rank a replica, ``dp_shard`` 1).
+
+    Example::
+
+        titan_degrees(report.config)  # dp_replicate 1, dp_shard 4, cp 2 on a dp_shard x cp mesh
+    """
+    dims = cfg.mesh_dims
+    if dims.dp * dims.cp * dims.tp * dims.pp == dims.world_size:
+        return dims
+    return dataclasses.replace(dims, dp_replicate=dims.dp_cp // dims.cp, dp_shard=1)
 
 
 # ------------------------------------------------------------------ accelerate
@@ -199,4 +229,4 @@ def _block_name(c: Candidate) -> str:
     return m.group(1) if m else ""
 
 
-__all__ = ["accelerate_yaml", "torchtitan_toml"]
+__all__ = ["accelerate_yaml", "titan_degrees", "torchtitan_toml"]
