@@ -81,8 +81,8 @@ def torchtitan_toml(c: Candidate) -> str:
         ]
         notes.append(
             "each ring step of the context-parallel attention is costed as a flash-attention "
-            "kernel; torchtitan picks the SDPA kernel itself (no key; its releases of 2026 "
-            "try cuDNN attention first)"
+            "kernel; torchtitan picks the SDPA kernel itself (no key; since October 2025 it "
+            "tries cuDNN attention first)"
         )
     if pipe is not None:
         parts = [st.modules for st in sorted(pipe.stages, key=lambda st: st.index)]
