@@ -362,10 +362,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
                 finishing = [unit]
             elif c.hook == "final_callback":
                 finishing = [u for u in self.grads if u not in self._cast or u in self._fresh]
-        for u in finishing:
-            if u in self._fresh:
-                # FSDP2 adds the new gradients into the accumulated ones, and frees them
-                self.cat["unsharded_grads"] -= self._fresh.pop(u)
+        callback = self._callback_order(c, finishing) if c.hook == "final_callback" else None
+        self._accumulate_fresh(finishing if callback is None else ())
         if c.hook in _POST_BACKWARD and (unit in self._saved or unit in self._fwd_saved):
             self._saved.pop(unit, None)  # the unit's backward let go of its forward's
             self._fwd_saved.discard(unit)
@@ -381,26 +379,29 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
             self._first_forward_gradient(c)
         reducing = {events[e].unit for e in c.events if events[e].kind == "reduce_scatter"}
         reclaims = self.fsdp2 and self.sync and c.hook == "post_backward"
-        for e in c.events:
-            ev = events[e]
-            self._event_index = e
-            if ev.unit in reducing:  # the unit's post-backward begins
-                self._redistribute_grads(ev, c, reducing)
-            self._event(ev, c)
-            if waits and ev.kind == "all_gather" and ev.unit == unit:
-                self._wait(unit, c)
-            self._snapshot(e)
-            if self.fsdp2 and ev.kind == "tp_all_reduce" and ev.hook is not None:
-                self._all_reduce_partial_grad(ev, c)  # its post-backward's redistribution
-            if reclaims and ev.kind == "free" and ev.unit == unit:
-                # FSDP2's post-backward, once it resharded, lets go of the reduce-scatter
-                # inputs groups before it kept (``reduce_scatter_states``, one retained), a
-                # group with no gradient to reduce (frozen) too; a micro-step without sync
-                # returns before
-                self._release_reduce_scatter()
-            self._event_index = -1
-        for u in finishing if not self.sync else ():
-            self._cast_to_reduce_dtype(u, c)
+        steps: list[tuple[tuple[str, ...], Sequence[int]]] = callback or [((), c.events)]
+        for done, evs in steps:
+            self._accumulate_fresh(done)
+            for e in evs:
+                ev = events[e]
+                self._event_index = e
+                if ev.unit in reducing:  # the unit's post-backward begins
+                    self._redistribute_grads(ev, c, reducing)
+                self._event(ev, c)
+                if waits and ev.kind == "all_gather" and ev.unit == unit:
+                    self._wait(unit, c)
+                self._snapshot(e)
+                if self.fsdp2 and ev.kind == "tp_all_reduce" and ev.hook is not None:
+                    self._all_reduce_partial_grad(ev, c)  # its post-backward's redistribution
+                if reclaims and ev.kind == "free" and ev.unit == unit:
+                    # FSDP2's post-backward, once it resharded, lets go of the reduce-scatter
+                    # inputs groups before it kept (``reduce_scatter_states``, one retained),
+                    # a group with no gradient to reduce (frozen) too; a micro-step without
+                    # sync returns before
+                    self._release_reduce_scatter()
+                self._event_index = -1
+            for u in (done if callback else finishing) if not self.sync else ():
+                self._cast_to_reduce_dtype(u, c)
         if c.hook in _POST_BACKWARD:
             self.cat["unsharded_grads"] -= self._arriving.pop(unit, 0)
         if c.hook == "final_callback" and self.sync:
