@@ -110,6 +110,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         self._until_all_reduce: dict[str, int] = {}
         cfg = report.config
         self.fsdp2 = cfg.api == "FSDP2"
+        # FSDP2's set_unshard_in_backward(False): their pre-backward neither gathers nor waits
+        self._not_unsharded_in_backward = set(cfg.unshard_in_backward)
         # each unit's reduce-scatter group (``foreach_reduce``'s ``world_size``): a pipeline
         # rank's FSDP mesh is its data-parallel part only
         self._reduce_ranks = {u.module: u.shard_ranks for u in report.units if u.sharded_numel}
@@ -512,6 +514,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         pending = self.pending.pop(unit, None)
         if pending is None and not self.fsdp2:
             return  # NO_SHARD, or never resharded
+        if pending is None and self.in_backward and unit in self._not_unsharded_in_backward:
+            return  # FSDP2 left it sharded (set_unshard_in_backward(False))
         self.resident.add(unit)
         if self.fsdp2:
             dropped = self._scales_out(unit, s, pending is not None, c)
