@@ -12,7 +12,9 @@ that all-reduce follows it (inside ``foreach_reduce``), else once the post-backw
 (the function's loop's last gradient let go).
 
 The plan walks each micro-step from its start (:func:`steady`): the most since the event
-before a micro-step's first counts the bytes at that event, the previous micro-step's last.
+before a micro-step's first counts the bytes at that event, the previous micro-step's last,
+and what that micro-step reached after it (its compute after its last event: a backward
+whose last groups neither reshard nor reduce).
 """
 
 from __future__ import annotations
@@ -65,15 +67,19 @@ def steady(report: fsdpviz.Report, micro_steps: int) -> Measured:
     """The plan's events of its second optimizer step's micro-steps, each with the bytes
     after it and the most since the event before."""
     out: Measured = []
+    after = 0  # the most the micro-step before reached after its last event
     for i in range(micro_steps, 2 * micro_steps):
         mem = memory_model(report, optimizer=None, iteration=i)
         events = zip(report.iterations[i], mem.events, strict=True)
         rows = [(e.kind, e.unit, row.total, row.peak_before) for e, row in events]
         if out and rows:
             # a micro-step's walk peaks from its own start, after the step before let go of
-            # what its end frees: the most since the event before counts that event's bytes
+            # what its end frees: the most since the event before counts that event's bytes,
+            # and the compute of the step before that followed it
             kind, unit, total, peak = rows[0]
-            rows[0] = (kind, unit, total, max(peak, out[-1][2]))
+            rows[0] = (kind, unit, total, max(peak, out[-1][2], after))
+        n = len(mem.events)
+        after = max((sum(m.bytes) for m in mem.moments if m.before >= n), default=0)
         out += rows
     return out
 

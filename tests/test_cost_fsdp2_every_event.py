@@ -1,26 +1,26 @@
 """Anchor: FSDP2's memory at every event against real torch, across ``fully_shard``'s
 options.
 
-``reshard_after_forward`` True, False and an int (onto 2 of 4 ranks; on HSDP's 2 x 4 mesh,
-onto 2 of the 4 shard ranks), with and without gradient accumulation (the micro-steps
-before the last with ``set_requires_gradient_sync(False)``, and with
+``reshard_after_forward`` True, False and an int (onto 2 of 4 ranks; on HSDP's 2 x 4
+mesh, onto 2 of the 4 shard ranks), with and without gradient accumulation (the micro-
+steps before the last with ``set_requires_gradient_sync(False)``, and with
 ``set_reshard_after_backward(False)`` too, as ``analyze``'s ``grad_accum`` and
 ``reshard_after_backward=False`` model them), float32 and bf16 parameters (reducing in
-bf16 or float32), and a layer whose parameters are all frozen. And configurations users run
-(``SETUPS``): HSDP accumulating with ``set_requires_all_reduce(False)`` (reduce-scatter every
-micro-step, all-reduce the last; over three micro-steps; kept gathered after backward too);
-one ``fully_shard`` call over several modules (torch's list form: the layers together, or the
-embedding and the head, which run first and last); explicit prefetches
-(``set_modules_to_forward_prefetch`` / ``..._backward_...``, two groups ahead, or from the
-root); parameters left out by ``ignored_params``; one frozen weight among a group's
-trainable ones. The moments, and the two figures compared at each event (the bytes in use,
-the most since the event before), are those of ``test_cost_hybrid_every_event.py``; on a
-1-D mesh, and on HSDP's micro-steps that do not all-reduce, the reduce-scatter is
-``foreach_reduce``'s last collective, its moment the post-backward's return (the function's
-loop's last gradient let go). ``CPUOffloadPolicy`` is not compared here: on the CPU the
-host's bytes and the device's are one count. ``set_unshard_in_backward(False)`` is not
-either: ``analyze`` does not take it (a model ``fully_shard`` was applied to with it is
-refused, ``plan/fsdp2_applied.py``).
+bf16 or float32), and a layer whose parameters are all frozen. And configurations users
+run (``SETUPS``): HSDP accumulating with ``set_requires_all_reduce(False)`` (reduce-
+scatter every micro-step, all-reduce the last; over three micro-steps; kept gathered
+after backward too); one ``fully_shard`` call over several modules (torch's list form:
+the layers together, or the embedding and the head, which run first and last); explicit
+prefetches (``set_modules_to_forward_prefetch`` / ``..._backward_...``, two groups ahead,
+or from the root); parameters left out by ``ignored_params``; one frozen weight among a
+group's trainable ones; the embedding in a call of its own, with
+``set_unshard_in_backward(False)`` (not gathered in backward, as ``analyze``'s
+``unshard_in_backward`` models it) and without. The moments, and the two figures compared
+at each event (the bytes in use, the most since the event before), are those of
+``test_cost_hybrid_every_event.py``; on a 1-D mesh, and on HSDP's micro-steps that do not
+all-reduce, the reduce-scatter is ``foreach_reduce``'s last collective, its moment the
+post-backward's return (the function's loop's last gradient let go). ``CPUOffloadPolicy``
+is not compared here: on the CPU the host's bytes and the device's are one count.
 """
 
 from __future__ import annotations
@@ -230,6 +230,28 @@ def _grouped_ends(model: ExampleModel, mesh: DeviceMesh) -> None:
     fully_shard(model, mesh=mesh)
 
 
+def _embedding_own_call(**options: Any) -> Shard:
+    """The embedding, each layer, then the root, with ``options`` each."""
+    from torch.distributed.fsdp import fully_shard
+
+    def shard(model: ExampleModel, mesh: DeviceMesh) -> None:
+        fully_shard(model.embed_tokens, mesh=mesh, **options)
+        _layers_and_root(**options)(model, mesh)
+
+    return shard
+
+
+def _embedding_not_gathered_for_backward(**options: Any) -> Shard:
+    """:func:`_embedding_own_call`, and the embedding's ``set_unshard_in_backward(False)``
+    (its backward makes the weight's gradient from the indices)."""
+
+    def shard(model: ExampleModel, mesh: DeviceMesh) -> None:
+        _embedding_own_call(**options)(model, mesh)
+        cast(Any, model.embed_tokens).set_unshard_in_backward(False)
+
+    return shard
+
+
 def _prefetching_two_ahead(model: ExampleModel, mesh: DeviceMesh) -> None:
     """Each of three layers and the root; the first layer prefetches the other two in
     forward, the last the other two in backward."""
@@ -290,6 +312,20 @@ class Setup:
 
 def _layers(**kwargs: Any) -> Callable[[ExampleModel], dict[str, Any]]:
     return lambda model: {"fully_shard": [DecoderLayer], **kwargs}
+
+
+def _embedding(**kwargs: Any) -> Callable[[ExampleModel], dict[str, Any]]:
+    """``analyze``'s keywords for :func:`_embedding_not_gathered_for_backward`'s calls."""
+    return lambda model: {
+        "fully_shard": ["embed_tokens", DecoderLayer],
+        "unshard_in_backward": {"embed_tokens": False},
+        **kwargs,
+    }
+
+
+def _sync_kept_gathered(model: ExampleModel, last: bool) -> None:
+    model.set_requires_gradient_sync(last)
+    model.set_reshard_after_backward(last)
 
 
 SETUPS: dict[str, Setup] = {
@@ -359,6 +395,37 @@ SETUPS: dict[str, Setup] = {
     ),
     "hsdp-frozen-weight": Setup(
         (2, 2), _layers_and_root(), _layers(), prepare=_freeze_one_weight
+    ),
+    # the embedding in a call of its own, accumulating in float32: the root's post-backward
+    # callback runs its post-backward after the root's (state order), each adding its new
+    # gradients into, or casting them to, the float32 ones in turn
+    "embedding-own-call-bf16-fp32-accum": Setup(
+        (4,), _embedding_own_call(mp_policy=_policy(BF16_FP32)),
+        lambda m: {"fully_shard": ["embed_tokens", DecoderLayer], "mp_policy": _policy(BF16_FP32)},
+        _sync, 2,
+    ),
+    # set_unshard_in_backward(False) on the embedding: not gathered (nor prefetched) in
+    # backward, its gradient made from the indices and reduce-scattered all the same
+    "embedding-not-unsharded-in-backward-fp32": Setup(
+        (4,), _embedding_not_gathered_for_backward(), _embedding(),
+    ),
+    "embedding-not-unsharded-in-backward-bf16-fp32-accum": Setup(
+        (4,), _embedding_not_gathered_for_backward(mp_policy=_policy(BF16_FP32)),
+        _embedding(mp_policy=_policy(BF16_FP32)), _sync, 2,
+    ),
+    "embedding-not-unsharded-in-backward-bf16-accum-kept-gathered": Setup(
+        (4,), _embedding_not_gathered_for_backward(mp_policy=_policy(BF16)),
+        _embedding(mp_policy=_policy(BF16), reshard_after_backward=False),
+        _sync_kept_gathered, 2,
+    ),
+    "embedding-not-unsharded-in-backward-resharding-to-two-accum": Setup(
+        (4,), _embedding_not_gathered_for_backward(reshard_after_forward=2),
+        _embedding(reshard_after_forward={"embed_tokens": 2, "layers.0": 2, "layers.1": 2, "": 2}),
+        _sync, 2,
+    ),
+    "hsdp-embedding-not-unsharded-in-backward-bf16-fp32": Setup(
+        (2, 2), _embedding_not_gathered_for_backward(mp_policy=_policy(BF16_FP32)),
+        _embedding(mp_policy=_policy(BF16_FP32)),
     ),
 }  # fmt: skip
 

@@ -91,6 +91,32 @@ def test_fsdp2_replay_equals_analyze() -> None:
     _same(_analyze(fully_shard=calls, world_size=4, **prefetch), replay(base, **prefetch))
 
 
+def test_a_replay_keeps_what_is_not_unsharded_in_backward() -> None:
+    """A plan whose embedding is not gathered in backward (``unshard_in_backward``) replayed
+    with other world sizes, resharding, accumulation: the report, memory and timeline a fresh
+    analyze gives. A change of the option, or a resharding that frees the embedding after
+    forward where the trace kept it, needs a new trace (what its backward reads)."""
+    calls: dict[str, Any] = {
+        "fully_shard": ["embed_tokens", DecoderLayer],
+        "unshard_in_backward": {"embed_tokens": False},
+    }
+    base = _analyze(**calls, world_size=4)
+    assert not any(
+        e.unit == "embed_tokens" and e.kind == "all_gather" and e.phase == "backward"
+        for e in base.iterations[1]
+    )
+    for changes in [
+        {"world_size": 8},
+        {"reshard_after_forward": {"embed_tokens": 2}, "grad_accum": 3},
+    ]:
+        _identical(_analyze(**{**calls, "world_size": 4, **changes}), replay(base, **changes))
+    with pytest.raises(fsdpviz.ConfigError, match="unshard_in_backward cannot be replayed"):
+        replay(base, unshard_in_backward=True)
+    kept = _analyze(**calls, world_size=4, reshard_after_forward={"embed_tokens": False})
+    with pytest.raises(fsdpviz.ConfigError, match=r"'embed_tokens' after forward.*trace"):
+        replay(kept, reshard_after_forward=True)
+
+
 def _option_sets(api: str, rng: random.Random) -> tuple[dict[str, Any], dict[str, Any]]:
     """A traced configuration and a replayed change, drawn from the options each API
     replays and those it keeps from the trace."""

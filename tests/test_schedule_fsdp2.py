@@ -185,13 +185,12 @@ def test_model_already_fully_sharded_on_an_hsdp_mesh_with_offload(
 @pytest.mark.parametrize(
     ("setter", "said"),
     [
-        (lambda m: m.blocks[0].set_unshard_in_backward(False), "set_unshard_in_backward"),
         (lambda m: m.set_reduce_scatter_unused_params(True), "set_reduce_scatter_unused_params"),
         (lambda m: m.set_reduce_scatter_max_input_buffers(2), "max_input_buffers"),
         (lambda m: m.set_requires_gradient_sync(False), "set_requires_gradient_sync"),
         (lambda m: m.set_reshard_after_backward(False), "set_reshard_after_backward"),
     ],
-    ids=["unshard_in_backward", "unused_params", "input_buffers", "gradient_sync", "after_bwd"],
+    ids=["unused_params", "input_buffers", "gradient_sync", "after_bwd"],
 )
 def test_fully_sharded_model_with_unmodelled_settings_is_refused(
     fake_pg: int, setter: Any, said: str
@@ -204,6 +203,88 @@ def test_fully_sharded_model_with_unmodelled_settings_is_refused(
     setter(model)
     with pytest.raises(fsdpviz.ConfigError, match=f"{said}.*does not model"):
         fsdpviz.analyze(model, torch.randn(4, 8, device="meta"))
+
+
+@pytest.mark.parametrize("precision", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fully_sharded_model_not_unsharded_in_backward_reads_as_the_keyword(
+    fake_pg: int, precision: torch.dtype | None
+) -> None:
+    """A model ``fully_shard`` was applied to, its embedding's
+    ``set_unshard_in_backward(False)`` called: read from FSDP2's state, the same report as
+    ``unshard_in_backward={"embed_tokens": False}`` plans (before: refused as not modelled)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from fsdpviz.examples import DecoderLayer, ExampleConfig, ExampleModel
+
+    config = ExampleConfig(hidden_size=32, intermediate_size=64, num_layers=2, vocab_size=50)
+    mp = MixedPrecisionPolicy(param_dtype=precision, reduce_dtype=torch.float32)
+    mesh = init_device_mesh("cpu", (fake_pg,))
+    with torch.device("meta"):
+        applied, planned = ExampleModel(config), ExampleModel(config)
+    for module in [applied.embed_tokens, *applied.layers, applied]:
+        fully_shard(module, mesh=mesh, mp_policy=mp)
+    applied.embed_tokens.set_unshard_in_backward(False)  # type: ignore[operator]
+    ids = torch.randint(0, 50, (2, 8))
+    read = fsdpviz.analyze(applied, {"input_ids": ids}, grad_accum=2)
+    recipe = fsdpviz.analyze(
+        planned, {"input_ids": ids}, fully_shard=["embed_tokens", DecoderLayer], mp_policy=mp,
+        world_size=fake_pg, unshard_in_backward={"embed_tokens": False}, grad_accum=2,
+    )  # fmt: skip
+    assert read.config == recipe.config
+    assert read.config.unshard_in_backward == {"embed_tokens": False}
+    assert read.to_dict()["iterations"] == recipe.to_dict()["iterations"]
+    assert read.memory.to_dict() == recipe.memory.to_dict()
+    gathered = {(e.unit, e.phase) for it in read.iterations for e in it if e.kind == "all_gather"}
+    assert ("embed_tokens", "forward") in gathered and ("embed_tokens", "backward") not in gathered
+    assert ("layers.0", "backward") in gathered
+    reduced = [e.unit for e in read.iterations[-1] if e.kind == "reduce_scatter"]
+    assert "embed_tokens" in reduced  # its gradient, made from the indices, reduced all the same
+
+
+def _linear_stack(mesh: Any) -> torch.nn.Module:
+    """A stack of linears and ReLUs, each linear its own ``fully_shard`` call, then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+    for i in (0, 2):
+        fully_shard(model[i], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def test_not_unsharding_in_backward_a_group_backward_reads_fails_as_in_torch(fake_pg: int) -> None:
+    """``set_unshard_in_backward(False)`` on a linear after another: its backward multiplies
+    by its weight (its input's gradient), freed after forward and not gathered: torch fails
+    in backward, and fsdpviz refuses it, named, by the keyword and on the applied model
+    alike. The first linear's backward needs no weight (its input needs no gradient): torch
+    and fsdpviz both let that one be."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (fake_pg,))
+    real = _linear_stack(mesh)
+    real[0].set_unshard_in_backward(False)  # type: ignore[operator]
+    real(torch.randn(4, 8)).sum().backward()
+    real = _linear_stack(mesh)
+    real[0].set_unshard_in_backward(False)  # type: ignore[operator]
+    real[2].set_unshard_in_backward(False)  # type: ignore[operator]
+    with pytest.raises(RuntimeError, match="out of bounds for storage of size 0"):
+        real(torch.randn(4, 8)).sum().backward()
+    x = torch.randn(4, 8, device="meta")
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+    kw: dict[str, Any] = {"fully_shard": ["0", "2"], "world_size": fake_pg}
+    fsdpviz.analyze(model, x, unshard_in_backward={"0": False}, **kw)
+    said = "unshard_in_backward=False for '2', whose backward reads its parameters"
+    with pytest.raises(fsdpviz.FSDPConfigError, match=said):
+        fsdpviz.analyze(model, x, unshard_in_backward=False, **kw)
+    with torch.device("meta"):
+        applied = _linear_stack(mesh)
+    applied[2].set_unshard_in_backward(False)  # type: ignore[operator]
+    with pytest.raises(fsdpviz.FSDPConfigError, match=said):
+        fsdpviz.analyze(applied, x)
+    # kept unsharded after forward, its backward reads the parameters it never freed
+    fsdpviz.analyze(model, x, unshard_in_backward=False, reshard_after_forward=False, **kw)
 
 
 def test_compare_fsdp1_policy_with_fsdp2_recipe() -> None:

@@ -25,6 +25,7 @@ one element a weight, held with the unsharded parameters throughout; no all-gath
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from fsdpviz.cost.grad_sizes import Upcast
@@ -50,6 +51,7 @@ class FSDP2Host(Protocol):
     upcast: dict[str, Upcast]
     placed: dict[str, tuple[int, ...]]
     _cast: set[str]
+    _fresh: dict[str, int]
     _reduce_ranks: dict[str, int]
     raf_int: dict[str, int]
     post_forward_shard: dict[str, int]
@@ -240,6 +242,35 @@ class FSDP2Steps:
         self.cat["unsharded_grads"] += copy
         self._moment("at the all-reduced copy of a partial gradient, after", c, e)
         self.cat["unsharded_grads"] -= copy
+
+    def _accumulate_fresh(self: FSDP2Host, units: Iterable[str]) -> None:
+        """The post-backward of each of ``units`` without gradient sync before: FSDP2 adds
+        the new gradients into the accumulated ones, and frees them."""
+        for u in units:
+            if u in self._fresh:
+                self.cat["unsharded_grads"] -= self._fresh.pop(u)
+
+    def _callback_order(
+        self: FSDP2Host, c: HookCall, finishing: list[str]
+    ) -> list[tuple[tuple[str, ...], Sequence[int]]] | None:
+        """FSDP2's root post-backward callback ``c`` runs the post-backward of each group
+        whose own did not run (``finishing``: those that accumulate) in state order, the
+        units' order: each unit as a step of its own, with its events (the post-backward's
+        gradients added, its events, its gradients cast). ``None`` where nothing is split
+        (FSDP1, nothing accumulating, events in another order)."""
+        if not self.fsdp2 or not finishing:
+            return None
+        order = {u: i for i, u in enumerate(self._reduce_ranks)}
+        by_unit: dict[str, list[int]] = {}
+        for e in c.events:
+            by_unit.setdefault(self.tape.events[e].unit, []).append(e)
+        units = sorted({*by_unit, *finishing}, key=lambda u: order.get(u, -1))
+        steps: list[tuple[tuple[str, ...], Sequence[int]]] = [
+            ((u,) if u in finishing else (), by_unit.get(u, [])) for u in units
+        ]
+        if [e for _, evs in steps for e in evs] != list(c.events):
+            return None
+        return steps
 
     def _cast_to_reduce_dtype(self: FSDP2Host, unit: str, c: HookCall) -> None:
         """FSDP2's post-backward without gradient sync, after resharding: the unit's

@@ -110,6 +110,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         self._until_all_reduce: dict[str, int] = {}
         cfg = report.config
         self.fsdp2 = cfg.api == "FSDP2"
+        # FSDP2's set_unshard_in_backward(False): their pre-backward neither gathers nor waits
+        self._not_unsharded_in_backward = set(cfg.unshard_in_backward)
         # each unit's reduce-scatter group (``foreach_reduce``'s ``world_size``): a pipeline
         # rank's FSDP mesh is its data-parallel part only
         self._reduce_ranks = {u.module: u.shard_ranks for u in report.units if u.sharded_numel}
@@ -363,10 +365,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
                 finishing = [unit]
             elif c.hook == "final_callback":
                 finishing = [u for u in self.grads if u not in self._cast or u in self._fresh]
-        for u in finishing:
-            if u in self._fresh:
-                # FSDP2 adds the new gradients into the accumulated ones, and frees them
-                self.cat["unsharded_grads"] -= self._fresh.pop(u)
+        callback = self._callback_order(c, finishing) if c.hook == "final_callback" else None
+        self._accumulate_fresh(finishing if callback is None else ())
         if c.hook in _POST_BACKWARD and (unit in self._saved or unit in self._fwd_saved):
             self._saved.pop(unit, None)  # the unit's backward let go of its forward's
             self._fwd_saved.discard(unit)
@@ -382,26 +382,29 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
             self._first_forward_gradient(c)
         reducing = {events[e].unit for e in c.events if events[e].kind == "reduce_scatter"}
         reclaims = self.fsdp2 and self.sync and c.hook == "post_backward"
-        for e in c.events:
-            ev = events[e]
-            self._event_index = e
-            if ev.unit in reducing:  # the unit's post-backward begins
-                self._redistribute_grads(ev, c, reducing)
-            self._event(ev, c)
-            if waits and ev.kind == "all_gather" and ev.unit == unit:
-                self._wait(unit, c)
-            self._snapshot(e)
-            if self.fsdp2 and ev.kind == "tp_all_reduce" and ev.hook is not None:
-                self._all_reduce_partial_grad(ev, c)  # its post-backward's redistribution
-            if reclaims and ev.kind == "free" and ev.unit == unit:
-                # FSDP2's post-backward, once it resharded, lets go of the reduce-scatter
-                # inputs groups before it kept (``reduce_scatter_states``, one retained), a
-                # group with no gradient to reduce (frozen) too; a micro-step without sync
-                # returns before
-                self._release_reduce_scatter()
-            self._event_index = -1
-        for u in finishing if not self.sync else ():
-            self._cast_to_reduce_dtype(u, c)
+        steps: list[tuple[tuple[str, ...], Sequence[int]]] = callback or [((), c.events)]
+        for done, evs in steps:
+            self._accumulate_fresh(done)
+            for e in evs:
+                ev = events[e]
+                self._event_index = e
+                if ev.unit in reducing:  # the unit's post-backward begins
+                    self._redistribute_grads(ev, c, reducing)
+                self._event(ev, c)
+                if waits and ev.kind == "all_gather" and ev.unit == unit:
+                    self._wait(unit, c)
+                self._snapshot(e)
+                if self.fsdp2 and ev.kind == "tp_all_reduce" and ev.hook is not None:
+                    self._all_reduce_partial_grad(ev, c)  # its post-backward's redistribution
+                if reclaims and ev.kind == "free" and ev.unit == unit:
+                    # FSDP2's post-backward, once it resharded, lets go of the reduce-scatter
+                    # inputs groups before it kept (``reduce_scatter_states``, one retained),
+                    # a group with no gradient to reduce (frozen) too; a micro-step without
+                    # sync returns before
+                    self._release_reduce_scatter()
+                self._event_index = -1
+            for u in (done if callback else finishing) if not self.sync else ():
+                self._cast_to_reduce_dtype(u, c)
         if c.hook in _POST_BACKWARD:
             self.cat["unsharded_grads"] -= self._arriving.pop(unit, 0)
         if c.hook == "final_callback" and self.sync:
@@ -512,6 +515,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         pending = self.pending.pop(unit, None)
         if pending is None and not self.fsdp2:
             return  # NO_SHARD, or never resharded
+        if pending is None and self.in_backward and unit in self._not_unsharded_in_backward:
+            return  # FSDP2 left it sharded (set_unshard_in_backward(False))
         self.resident.add(unit)
         if self.fsdp2:
             dropped = self._scales_out(unit, s, pending is not None, c)

@@ -275,7 +275,9 @@ def finalize_groups(
     tp = opts.tp if opts.tp is not None and opts.tp.size > 1 else None
     partial = tp.partial_grads(model) if tp is not None else set()
     compute = opts.mp_policy.param_dtype
+    _check_named_calls(opts.unshard_in_backward, groups, "unshard_in_backward")
     for group in groups:
+        group.unshard_in_backward = opts.unshards_in_backward(group)
         group.param_fqns = [first_fqn[p] for p in group.params]
         trainable = {p.dtype for p in group.params if p.requires_grad}
         if len(trainable) > 1:
@@ -405,16 +407,7 @@ def _place(
     value = opts.shard_placement_fn
     if value is None:
         return
-    if isinstance(value, Mapping):
-        known = {k for g in groups for k in (g.name, *g.fqns)}
-        unknown = [k for k in value if k not in known]
-        if unknown:
-            listed = ", ".join(repr(g.name) for g in groups[:6])
-            raise ConfigError(
-                f"shard_placement_fn: {unknown[0]!r} is not a module fully_shard is applied to "
-                f"(the calls: {listed}{', ...' if len(groups) > 6 else ''}); key the mapping by "
-                "those modules' FQNs"
-            )
+    _check_named_calls(value, groups, "shard_placement_fn")
     for group in groups:
         fn = placement_fn_of(value, group.name, group.fqns)
         if fn is None:
@@ -425,3 +418,19 @@ def _place(
         ]
         if not any(group.shard_dims):
             group.shard_dims = []
+
+
+def _check_named_calls(value: Any, groups: list[Group], name: str) -> None:
+    """Raise where option ``name``'s mapping (if ``value`` is one) names a module that is
+    not one ``fully_shard`` is applied to."""
+    if not isinstance(value, Mapping):
+        return
+    known = {k for g in groups for k in (g.name, *g.fqns)}
+    unknown = [k for k in value if k not in known]
+    if unknown:
+        listed = ", ".join(repr(g.name) for g in groups[:6])
+        raise ConfigError(
+            f"{name}: {unknown[0]!r} is not a module fully_shard is applied to "
+            f"(the calls: {listed}{', ...' if len(groups) > 6 else ''}); key the mapping by "
+            "those modules' FQNs"
+        )

@@ -4,9 +4,9 @@ People check their real training script's wrapping by applying it to a
 meta-device model (with the fake process group) and passing that model in.
 fsdpviz reads FSDP2's own state (groups, their modules and parameters, the dim
 each parameter is sharded on, ``reshard_after_forward`` as the post-forward mesh,
-``MixedPrecisionPolicy``, explicit prefetch targets, mesh size) and makes an
-unsharded meta copy to trace: parameters become meta tensors of their global shape,
-FSDP2's hooks and class swap are dropped. The user's model is not modified.
+``MixedPrecisionPolicy``, explicit prefetch targets, ``set_unshard_in_backward``, mesh
+size) and makes an unsharded meta copy to trace: parameters become meta tensors of their
+global shape, FSDP2's hooks and class swap are dropped. The user's model is not modified.
 """
 
 from __future__ import annotations
@@ -177,6 +177,12 @@ def plan_from_fully_sharded(
                 out[state_name[id(state)]] = [state_name[id(t)] for t in targets]
         return out
 
+    # set_unshard_in_backward(False): the groups whose pre-backward does not all-gather
+    unshard = {
+        state_name[id(s)]: False
+        for s in states
+        if s._fsdp_param_group is not None and not s._fsdp_param_group.unshard_in_backward
+    }
     shard = sizes.pop() if sizes else 1
     r = replicas.pop() if replicas else 1
     opts = FSDP2Options(
@@ -196,6 +202,7 @@ def plan_from_fully_sharded(
         progress=fsdpviz_kwargs.get("progress"),
         job=parse_job_options(fsdpviz_kwargs, "FSDP2"),
         torch=installed(),  # the model's FSDP2 is the installed torch's
+        unshard_in_backward=unshard or True,
     )
     tp = _tp_mesh(states)
     if tp is not None and hsdp:
@@ -230,9 +237,6 @@ def _hsdp_names(info: Any) -> tuple[str, str]:
 # FSDPParamGroup's settings that change what FSDP2 does and that fsdpviz does not model:
 # attribute -> (its default, the FSDPModule setter that changes it, what FSDP2 does then)
 _UNMODELLED: dict[str, tuple[Any, str, str]] = {
-    "unshard_in_backward": (
-        True, "set_unshard_in_backward(False)", "does not all-gather it in backward"
-    ),
     "reduce_scatter_unused_params": (
         False, "set_reduce_scatter_unused_params(True)",
         "reduce-scatters zeros for its parameters no gradient reached",

@@ -48,6 +48,8 @@ class Group:
     tp_accumulated_dtype: str | None = None
     # the dim FSDP2 shards each parameter on (its call's shard_placement_fn); empty: all dim 0
     shard_dims: list[int] = field(default_factory=list)
+    # FSDPModule.set_unshard_in_backward: False, its pre-backward does not all-gather
+    unshard_in_backward: bool = True
 
     @property
     def is_root(self) -> bool:

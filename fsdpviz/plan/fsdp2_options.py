@@ -79,6 +79,13 @@ class FSDP2Options:
         shard_placement_fn: ``fully_shard``'s ``shard_placement_fn``: one function for
             every call, or ``{module FQN: function}`` for the calls that take one (as
             ``reshard_after_forward``'s mapping names them).
+        unshard_in_backward: ``FSDPModule.set_unshard_in_backward``: ``False`` for every
+            call, or ``{module FQN: bool}`` for the calls it names (as
+            ``reshard_after_forward``'s mapping names them; the others ``True``, torch's
+            default). A group set ``False`` is not all-gathered in backward, neither by its
+            pre-backward nor as a prefetch; its backward must not read its parameters (an
+            embedding's makes the weight's gradient from the indices), else torch fails
+            where a group freed them after forward, and fsdpviz refuses it.
     """
 
     world_size: int
@@ -107,10 +114,12 @@ class FSDP2Options:
     reshard_after_backward: bool = True
     requires_all_reduce: bool = True
     shard_placement_fn: Any = None
+    unshard_in_backward: bool | dict[str, bool] = True
 
     def __post_init__(self) -> None:
         check_world_size(self.world_size)
         _check_reshard(self.reshard_after_forward)
+        check_unshard_in_backward(self.unshard_in_backward)
         for name in ("reshard_after_backward", "requires_all_reduce"):
             check_switch(name, getattr(self, name))
         _check_trace(self.trace)
@@ -141,6 +150,15 @@ class FSDP2Options:
         group.reshard_as(self.reshard_after_forward, self.torch)
         return group
 
+    def unshards_in_backward(self, group: Group) -> bool:
+        """Whether ``group``'s pre-backward all-gathers its parameters: the option's value
+        for its ``fully_shard`` call (a mapping names it by its name or a member's FQN;
+        ``True`` for a call it does not name)."""
+        value = self.unshard_in_backward
+        if isinstance(value, dict):
+            return next((value[k] for k in (group.name, *group.fqns) if k in value), True)
+        return value
+
     def describe(self, groups: list[Group]) -> ReportConfig:
         """These options and the groups they made, as ``Report.config`` states them."""
         job, job_keys = self.job.config()
@@ -158,6 +176,7 @@ class FSDP2Options:
         accumulation: dict[str, Any] = {
             "reshard_after_backward": self.reshard_after_backward,
             "requires_all_reduce": self.requires_all_reduce,
+            "unshard_in_backward": {g.name: False for g in groups if not g.unshard_in_backward},
         }
         return ReportConfig(
             api="FSDP2",
@@ -213,6 +232,21 @@ def _check_trace(trace: Any) -> TraceMode:
             f"trace={trace!r} is not valid for FSDP2{fx}; use 'meta' (default) or 'real'"
         )
     return cast(TraceMode, trace)
+
+
+def check_unshard_in_backward(value: Any) -> bool | dict[str, bool]:
+    """``value`` as ``unshard_in_backward=`` takes it: a bool, or ``{module FQN: bool}``."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, Mapping) and all(
+        isinstance(k, str) and isinstance(v, bool) for k, v in value.items()
+    ):
+        return dict(value)
+    raise ConfigError(
+        "unshard_in_backward must be a bool (FSDPModule.set_unshard_in_backward for every "
+        "fully_shard call) or a mapping {module FQN: bool} for the calls it names, e.g. "
+        f'{{"embed_tokens": False}}; got {value!r}'
+    )
 
 
 def _check_reshard(raf: Any) -> Any:
@@ -308,6 +342,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         requires_all_reduce=all_reduce,
         cp_size=cp_size,
         shard_placement_fn=_placement_option(kwargs.get("shard_placement_fn")),
+        unshard_in_backward=check_unshard_in_backward(kwargs.get("unshard_in_backward", True)),
     )
 
 

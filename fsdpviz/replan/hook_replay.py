@@ -72,6 +72,7 @@ from fsdpviz.schedule.micro_steps import run_micro_steps
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
+from fsdpviz.schema.names import unit_label
 from fsdpviz.schema.profile import StepProfile, TraceProfile
 from fsdpviz.schema.report import DTYPE_SIZES, Report, Unit
 
@@ -111,6 +112,12 @@ def replay(report: Report, **changes: Unpack[PlanKwargs]) -> Report:
     _check_tensor_parallel(report, changes)
     precision = PRECISION_OPTION[api]
     unknown = set(changes) - REPLAYABLE[api] - {precision}
+    if "unshard_in_backward" in unknown:
+        raise ConfigError(
+            "unshard_in_backward cannot be replayed from a trace: whether a group's backward "
+            "reads the parameters it would not gather is what the trace measures; call "
+            "fsdpviz.analyze again"
+        )
     if unknown:
         raise ConfigError(
             f"{', '.join(sorted(unknown))} cannot be replayed from a trace ({api} replays "
@@ -274,10 +281,19 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
             if unit
             else None,
         )
+        group.unshard_in_backward = cfg.unshard_in_backward.get(name, True)  # as traced
         # the resharding asked for, else the group's as the report applied it
+        group.reshard_as(cfg.resharding(name), rules)
+        traced = group.frees_after_forward
         group.reshard_as(
             changes[RESHARD.name] if RESHARD.name in changes else cfg.resharding(name), rules
         )
+        if not group.unshard_in_backward and group.frees_after_forward and not traced:
+            raise ConfigError(
+                f"{RESHARD.name} frees {unit_label(name)} after forward, which is not gathered "
+                "in backward (unshard_in_backward=False): whether its backward reads its "
+                "parameters is what a trace measures; call fsdpviz.analyze again"
+            )
         groups.append(group)
     check_reshard_ints(
         groups, shard, [u.module for u in report.units if u.tp_placements], float8_gathered(report)

@@ -20,12 +20,14 @@ node, a kept node's post-backward when it runs, a parameter's gradient when its
 ``AccumulateGrad`` runs. The report is ``analyze``'s
 (:func:`~fsdpviz.schedule.fsdp2.fsdp2_report`).
 
-What changes the graph in other ways makes :meth:`plan` return ``None`` and the
-caller traces instead: ``mp_policy`` casts, recomputation inside backward,
-``trace`` other than meta, a model that already has ``fully_shard`` applied, a
-model whose forward fails with the pass-through nodes (an in-place op on a
-module's input). ``tests/test_replan_stored_trace.py`` checks that a plan equals
-:func:`fsdpviz.analyze` across models and options.
+What changes the graph in other ways makes :meth:`plan` return ``None`` and the caller
+traces instead: ``mp_policy`` casts, recomputation inside backward, ``trace`` other than
+meta, a model that already has ``fully_shard`` applied, a model whose forward fails with
+the pass-through nodes (an in-place op on a module's input); so does
+``unshard_in_backward`` other than ``True`` (whether a group's backward reads the
+parameters it does not gather is measured by a trace).
+``tests/test_replan_stored_trace.py`` checks that a plan equals :func:`fsdpviz.analyze`
+across models and options.
 """
 
 from __future__ import annotations
@@ -209,6 +211,8 @@ class StoredTrace:
         if opts.trace != "meta" or mp.param_dtype is not None or mp.output_dtype is not None:
             return None
         if opts.activation_checkpointing or opts.job.grad_accum > 1:
+            return None
+        if opts.unshard_in_backward is not True:  # what backward reads is not measured here
             return None
         if opts.cp_size > 1:  # the trace ran whole sequences, no ring attention
             return None

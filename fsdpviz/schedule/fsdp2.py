@@ -10,7 +10,7 @@ from typing import Any, Unpack
 
 from torch import nn
 
-from fsdpviz.errors import ConfigError
+from fsdpviz.errors import ConfigError, FSDPConfigError
 from fsdpviz.plan.fsdp2 import GroupMemo, build_groups, check_groups
 from fsdpviz.plan.fsdp2_applied import fsdp2_states, plan_from_fully_sharded
 from fsdpviz.plan.fsdp2_group import Group
@@ -30,7 +30,7 @@ from fsdpviz.schedule.micro_steps import run_micro_steps
 from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
-from fsdpviz.schema.names import some_names
+from fsdpviz.schema.names import some_names, unit_label
 from fsdpviz.schema.report import IGNORED, FsdpWarning, IgnoredParam, Report
 from fsdpviz.trace.checkpointing import apply_checkpointing, checkpointing_of_originals
 from fsdpviz.trace.compiled_regions import compiled_checkpoints
@@ -129,6 +129,7 @@ def analyze_fsdp2(
                 run_step(copy, args, kw, opts.loss, tracker, where)
         finally:
             remove_hooks(tracker, emulation, tp, probe)
+    check_unshard_in_backward(groups, probe)
     report = fsdp2_report(
         copy,
         groups,
@@ -180,9 +181,42 @@ def fsdp2_probe(
         float8_fused=bool(job.compile),
     )
     probe.attach(runtime)
+    probe.forbid_in_backward({g.name: list(g.params) for g in _not_gathered_for_backward(groups)})
     if tp is not None:
         tp.measure(probe)
     return probe
+
+
+def _not_gathered_for_backward(groups: list[Group]) -> list[Group]:
+    """The groups whose parameters are freed after forward and not all-gathered again in
+    backward (``set_unshard_in_backward(False)``)."""
+    return [g for g in groups if not g.unshard_in_backward and g.frees_after_forward]
+
+
+def check_unshard_in_backward(groups: list[Group], probe: CostProbe | None) -> None:
+    """Raise where a group set not to unshard in backward (``set_unshard_in_backward(False)``)
+    frees its parameters after forward and its backward reads them: torch fails there (a
+    view of the freed parameter: ``RuntimeError: setStorage: ... out of bounds for storage
+    of size 0``). The trace's probe finds the reads; without one (``profile=False``) they
+    cannot be checked."""
+    freed = _not_gathered_for_backward(groups)
+    if not freed:
+        return
+    if probe is None:
+        raise ConfigError(
+            f"unshard_in_backward=False for {unit_label(freed[0].name)} is checked against what "
+            "its backward reads, which profile=False does not measure; leave profile on"
+        )
+    for g in freed:
+        if g.name in probe.read_in_backward:
+            raise FSDPConfigError(
+                f"unshard_in_backward=False for {unit_label(g.name)}, whose backward reads its "
+                f"parameters ({probe.read_in_backward[g.name]}): FSDP2 frees them after forward "
+                "and does not all-gather them in backward, so torch fails there (RuntimeError: "
+                "setStorage: ... out of bounds for storage of size 0). Set it False only for "
+                "groups whose backward needs no parameter (an embedding's), or keep the group "
+                "unsharded after forward (reshard_after_forward=False)"
+            )
 
 
 def _check_context_parallel(opts: FSDP2Options, device: str, profile: bool) -> None:

@@ -57,6 +57,7 @@ class GroupState:
         self.name = group.name
         self.frees_after_forward = group.frees_after_forward
         self.use_post_forward_mesh = group.post_forward_ranks(world_size) is not None
+        self.unshard_in_backward = group.unshard_in_backward
         self.world_size = world_size
         self.sharded = Sharded.SHARDED
         self.pending = False
@@ -246,6 +247,8 @@ class FSDP2Runtime:
     def _unshard(self, g: GroupState) -> None:
         if g.pending or g.sharded == Sharded.UNSHARDED:
             return
+        if not g.unshard_in_backward and g.training_state == TrainingState.PRE_BACKWARD:
+            return  # set_unshard_in_backward(False): its pre-backward, a prefetch, a recompute
         phase = "forward" if g.training_state == TrainingState.FORWARD else "backward"
         if self.offload and g.sharded == Sharded.SHARDED:
             self._emit("h2d", g, phase)  # all_gather_inputs copies the host shard over

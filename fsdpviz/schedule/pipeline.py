@@ -87,6 +87,12 @@ def _analyze(
             "modelled yet (each stage's ring attention on its share of every sequence): plan "
             "the mesh without one of them (PP x FSDP, or FSDP x cp)"
         )
+    if opts.unshard_in_backward is not True:
+        raise ConfigError(
+            "unshard_in_backward under pipeline parallelism is not modelled yet (each stage's "
+            "UNSHARD and REDUCE_GRAD actions around it): plan it without the option, or "
+            "without the pipeline"
+        )
     device = "real" if opts.trace == "real" else "meta"
     copy, mapping = model_copy(model, device)
     apply_checkpointing(copy, opts.activation_checkpointing)

@@ -114,6 +114,9 @@ class ReportConfig(Mapping[str, Any]):
     # reduce-scatters, HSDP's all-reduce runs in the last only)
     reshard_after_backward: bool = True
     requires_all_reduce: bool = True
+    # FSDP2: the groups set_unshard_in_backward(False) was called on (each False), whose
+    # pre-backward does not all-gather their parameters (their backward must not read them)
+    unshard_in_backward: Mapping[str, bool] = field(default_factory=dict)
     compile: bool | tuple[str, ...] = False
     # activation checkpointing (analyze(..., activation_checkpointing=...), or the model's own
     # checkpoint wrappers): {"mode": "full" | "selective", "classes": [...], "modules": N}

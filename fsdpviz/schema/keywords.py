@@ -78,7 +78,8 @@ class FSDP1Kwargs(TypedDict, total=False):
 
 class FSDP2Kwargs(TypedDict, total=False):
     """FSDP2's own keywords: ``fully_shard``'s, the modules it is called on, the switches of
-    the micro-steps before the last, and the tensor-parallel plan applied before it."""
+    the micro-steps before the last, ``FSDPModule.set_unshard_in_backward`` per group, and the
+    tensor-parallel plan applied before it."""
 
     fully_shard: (
         Sequence[type[nn.Module] | str | tuple[str, ...]] | Callable[[str, nn.Module], bool] | None
@@ -93,6 +94,7 @@ class FSDP2Kwargs(TypedDict, total=False):
     ignored_params: set[nn.Parameter] | None
     reshard_after_backward: bool
     requires_all_reduce: bool
+    unshard_in_backward: bool | Mapping[str, bool]
     parallelize_plan: ParallelStyle | Mapping[str, ParallelStyle] | None
 
 

@@ -170,6 +170,9 @@ class CostProbe(
         self._call_grads = CallGradients({})  # see step()
         self._stretch = self._new_stretch()
         self._param_views = SavedParamViews({}, lambda: self._stretch)  # see step()
+        # storages no backward may read (forbid_in_backward): id -> (weakref, unit)
+        self._unread: dict[int, tuple[weakref.ref[torch.UntypedStorage], str]] = {}
+        self.read_in_backward: dict[str, str] = {}  # unit -> the first operator that read it
         self.marks: list[Mark] = []
         self._tails: dict[int, Mark] = {}  # mark count at the end of a step -> its last stretch
         self._watch: list[int] | None = None  # see watch()
@@ -195,6 +198,26 @@ class CostProbe(
         runtime.log = MarkingLog(list(runtime.log), self._on_hook)
         self._count_events = lambda: len(runtime.events)
         self._tracker.measure = self.step
+
+    def forbid_in_backward(self, by_unit: dict[str, list[torch.Tensor]]) -> None:
+        """Record in :attr:`read_in_backward`, by unit, the first operator of a backward (a
+        recomputation's included) that reads the storage of one of ``by_unit``'s tensors:
+        what fails on a real run where they were freed after forward and are not gathered
+        again (FSDP2's ``set_unshard_in_backward(False)``)."""
+        for unit, tensors in by_unit.items():
+            for t in tensors:
+                if (st := storage_of(t)) is not None:
+                    self._unread[id(st)] = (weakref.ref(st), unit)
+
+    def _reads_forbidden(self, func: Any, args: tuple[Any, ...]) -> None:
+        for t in tree_leaves(args):
+            st = storage_of(t) if isinstance(t, torch.Tensor) else None
+            entry = self._unread.get(id(st)) if st is not None else None
+            if entry is None or entry[0]() is not st:
+                continue
+            # name an operator that computes with it rather than a detach (an alias)
+            if self.read_in_backward.get(entry[1], "aten.detach") == "aten.detach":
+                self.read_in_backward[entry[1]] = str(func.overloadpacket)
 
     @contextmanager
     def step(self, model: torch.nn.Module, inputs: Any) -> Iterator[None]:
@@ -256,6 +279,8 @@ class CostProbe(
         kwargs = kwargs or {}
         loss = self._loss
         backward = torch._C._current_graph_task_id() != -1
+        if backward and self._unread:
+            self._reads_forbidden(func, args)
         if self._float8_running is not None and not recomputing():
             self._float8_stopped()
         if loss is not None and loss.forward_done and backward and not loss.captures():
