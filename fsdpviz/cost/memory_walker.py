@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fsdpviz.cost.grad_sizes import Upcast
+from fsdpviz.cost.grad_sizes import Upcast, tp_chunk_shares
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.memory_fsdp1 import FSDP1Steps
 from fsdpviz.cost.memory_fsdp2 import FSDP2Steps
@@ -119,6 +119,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         # rank's); a plan for another degree scales them
         dims = cfg.mesh_dims
         self.tp = max(1, dims.tp // (prof.tp_ranks if prof else 1))
+        # the parameters sharded on dim 0 over the tp ranks: the part of each a rank holds
+        self.tp_chunks = tp_chunk_shares(report)
         self.raf_int = cfg.post_forward_ranks
         self.replicas = dims.dp_replicate
         # FSDP2 on a 2-D mesh: foreach_reduce all-reduces across the replicas, one included
@@ -393,6 +395,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
             self._snapshot(e)
             if self.fsdp2 and ev.kind == "tp_all_reduce" and ev.hook is not None:
                 self._all_reduce_partial_grad(ev, c)  # its post-backward's redistribution
+            elif self.fsdp2 and ev.kind == "tp_reduce_scatter" and ev.hook is not None:
+                self._scatter_partial_grad(ev, c)  # the same, to the parameter's chunk
             if reclaims and ev.kind == "free" and ev.unit == unit:
                 # FSDP2's post-backward, once it resharded, lets go of the reduce-scatter
                 # inputs groups before it kept (``reduce_scatter_states``, one retained), a
