@@ -21,6 +21,12 @@ masked indices beside its lookup's output, and their mask until the output's
 reduce-scatter (``_MaskPartial``); a partial gradient's all-reduced copy beside it, in the
 post-backward (``FSDPParam._get_grad_inner_tensor``) and in ``layer_norm``'s backward,
 whose dispatch holds the partial one until the operator has run.
+
+A batch of one on 4 tp ranks, each feed-forward's sequence-sharded input left to its
+column-wise linears: DTensor's ``mm`` strategies leave their weights' gradients
+``Partial()``, whole on the rank until FSDP's post-backward reduce-scatters each to its
+chunk. The CPU runs DTensor's all-to-all as an all-gather and a chunk, so there the rows
+of the multiplies that run one are not compared.
 """
 
 from __future__ import annotations
@@ -34,14 +40,17 @@ import torch
 import torch.nn.functional as F
 import tp_models
 from every_event import EventLog, fsdp2_events
-from gloo_worker import _FUNCOL
+from gloo_worker import _FUNCOL, devices_per_host
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import PrepareModuleInput
 
 import fsdpviz
 from fsdpviz.cost.memory import memory_model
+from fsdpviz.schedule.tp_mm_strategy import GPUS_PER_NODE
 
 SIZES = {"vocab": 64, "dim": 64, "n_heads": 2, "hidden": 128, "layers": 2}
+BATCH_ONE = {**SIZES, "n_heads": 4}  # on 4 tp ranks
+BATCH_ONE_SEQ = 256  # DTensor gathers the weight, the smaller operand, in forward
 Seen = list[tuple[Any, ...]]  # (kind, unit or bytes, bytes in use after it, most since before)
 Step = tuple[Seen, int]  # the steady step's events and its peak
 
@@ -57,8 +66,8 @@ class _NormedAttention(tp_models.Attention):
                                F.rms_norm(x, shape))  # fmt: skip
 
 
-def _build(norm: str) -> tp_models.Llama:
-    model = tp_models.Llama(**SIZES)
+def _build(norm: str, batch_one: bool = False) -> tp_models.Llama:
+    model = tp_models.Llama(**(BATCH_ONE if batch_one else SIZES))
     if norm != "none":
         for block in model.layers.values():
             block.attention = _NormedAttention(SIZES["dim"], SIZES["n_heads"], norm)
@@ -75,29 +84,43 @@ def _plan(norm: str) -> dict[str, Any]:
     return plan
 
 
-def _ids() -> torch.Tensor:
-    return torch.randint(0, SIZES["vocab"], (2, 8), generator=torch.Generator().manual_seed(0))
+def _batch_one_plan() -> dict[str, Any]:
+    """torchtitan's plan with each feed-forward's sequence-sharded input left to its
+    column-wise linears (its declared layouts equal: no redistribution)."""
+    plan = tp_models.whole_plan()
+    plan["layers.*.feed_forward"] = PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=False
+    )
+    return plan
+
+
+def _ids(batch_one: bool = False) -> torch.Tensor:
+    shape = (1, BATCH_ONE_SEQ) if batch_one else (2, 8)
+    return torch.randint(0, SIZES["vocab"], shape, generator=torch.Generator().manual_seed(0))
 
 
 def _loss(out: torch.Tensor) -> torch.Tensor:
     return out.float().square().mean()
 
 
-def _measured(norm: str, mp: Any) -> Step:
+def _measured(norm: str, mp: Any, batch_one: bool = False) -> Step:
+    """``batch_one``: dp_shard 1 x tp 4, :func:`_batch_one_plan`, DTensor's cost model
+    weighing the tp group as on a GPU node of 8, as the plan does."""
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
+    shape = (1, 4) if batch_one else (2, 2)
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp_shard", "tp"))
     torch.manual_seed(0)
-    model = _build(norm)
-    parallelize_module(model, mesh["tp"], _plan(norm))
+    model = _build(norm, batch_one)
+    parallelize_module(model, mesh["tp"], _batch_one_plan() if batch_one else _plan(norm))
     options = {"mp_policy": mp} if mp is not None else {}
     for (name,) in tp_models.LAYERS:
         fully_shard(model.get_submodule(name), mesh=mesh["dp_shard"], **options)
     fully_shard(model, mesh=mesh["dp_shard"], **options)
-    ids = _ids()
+    ids = _ids(batch_one)
 
     def tp(name: str, log: EventLog) -> Any:
         original = getattr(funcol, name)
@@ -113,7 +136,12 @@ def _measured(norm: str, mp: Any) -> Step:
 
         return collective
 
-    with fsdp2_events(model, ids, hsdp=False) as log, ExitStack() as patches:
+    per_host = GPUS_PER_NODE if batch_one else None
+    with (
+        devices_per_host(per_host),
+        fsdp2_events(model, ids, hsdp=False) as log,
+        ExitStack() as patches,
+    ):
         for name in _FUNCOL:
             patches.enter_context(patch.object(funcol, name, tp(name, log)))
         for step in range(2):
@@ -130,20 +158,25 @@ def _measured(norm: str, mp: Any) -> Step:
     return seen, max(tail[3], *(e[3] for e in seen))
 
 
-def _planned(norm: str, mp: Any) -> Step:
+def _planned(norm: str, mp: Any, batch_one: bool = False) -> tuple[Seen, int, list[Any]]:
+    """The plan's steady step (as :func:`_measured`'s), its peak, each event's hook and
+    module."""
     with torch.device("meta"):
-        model = _build(norm)
+        model = _build(norm, batch_one)
     options = {"mp_policy": mp} if mp is not None else {}
     report = fsdpviz.analyze(
-        model, _ids(), fully_shard=tp_models.LAYERS, mesh=("dp_shard", 2, "tp", 2),
-        parallelize_plan=_plan(norm), loss=_loss, progress=False, **options,
+        model, _ids(batch_one), fully_shard=tp_models.LAYERS,
+        mesh=("dp_shard", 1, "tp", 4) if batch_one else ("dp_shard", 2, "tp", 2),
+        parallelize_plan=_batch_one_plan() if batch_one else _plan(norm), loss=_loss,
+        progress=False, **options,
     )  # fmt: skip
     mem = memory_model(report, optimizer=None, iteration=1)
+    events = report.iterations[1]
     seen = [
         (e.kind, e.nbytes if e.tensor_parallel else e.unit, row.total, row.peak_before)
-        for e, row in zip(report.iterations[1], mem.events, strict=True)
+        for e, row in zip(events, mem.events, strict=True)
     ]
-    return seen, mem.peak["bytes"]
+    return seen, mem.peak["bytes"], [(e.hook, e.module) for e in events]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -155,12 +188,48 @@ def test_tensor_parallel_events_and_memory_at_every_event(
 
     assert fake_pg == 4
     mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16" else None
-    (real, real_peak), (mine, peak) = _measured(norm, mp), _planned(norm, mp)
+    (real, real_peak), (mine, peak, _) = _measured(norm, mp), _planned(norm, mp)
     assert [e[:2] for e in real] == [e[:2] for e in mine]
     if norm == "layer" and precision == "bf16":
         # the CPU's layer_norm keeps its statistics in bf16, a GPU's (and meta's) in fp32:
         # while a block's are saved (64 B less) and in its backward the figures differ
         return
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
+    assert not differ, (len(mine), differ)
+    assert peak == real_peak
+
+
+def test_tensor_parallel_batch_of_one_partial_weight_gradients(fake_pg: int) -> None:
+    """A batch of one on 4 tp ranks whose feed-forward input is left sequence-sharded to
+    its column-wise linears: DTensor's ``mm`` strategies (costed as on a GPU node of 8)
+    gather each weight in forward and leave ``w1``'s and ``w3``'s gradients ``Partial()``,
+    whole on the rank (the weight's global shape: 32,768 B against a chunk's 8,192 B) from
+    their multiply to their block's post-backward, which reduce-scatters each to its
+    ``Shard(0)`` chunk beside it (``FSDPParam._get_grad_inner_tensor``) and lets go of the
+    whole one. Before, the plan held the chunk all along (24,576 B a weight low from the
+    multiply to the post-backward) and not the chunk beside the whole (8,192 B).
+
+    On the CPU DTensor runs an all-to-all as an all-gather and a chunk
+    (``shard_dim_alltoall``'s fallback), whose buffers a GPU's all-to-all does not make: the
+    events agree (an all-to-all read as its fallback's all-gather, of the same bytes); the
+    two figures at every row but those of ``w1``'s and ``w3``'s multiplies (and the most
+    since them at the row after), and the step's peak."""
+    assert fake_pg == 4
+    (real, real_peak), (mine, peak, tags) = (
+        _measured("none", None, True),
+        _planned("none", None, True),
+    )
+    on_cpu = {"tp_all_to_all": "tp_all_gather"}
+    assert [e[:2] for e in real] == [(on_cpu.get(e[0], e[0]), e[1]) for e in mine]
+    scattered = [e[:2] for e, (hook, _) in zip(mine, tags, strict=True)
+                 if hook == "post_backward" and e[0] == "tp_reduce_scatter"]  # fmt: skip
+    whole = BATCH_ONE["hidden"] * BATCH_ONE["dim"] * 4
+    assert scattered == [("tp_reduce_scatter", whole)] * 4  # each block's w3, w1
+    multiplied = [(m or "").endswith((".w1", ".w3")) for _, m in tags]
+    differ = [
+        (i, a, b)
+        for i, (a, b) in enumerate(zip(real, mine, strict=True))
+        if not multiplied[i] and (a[2] != b[2] or (a[3] != b[3] and not multiplied[i - 1]))
+    ]
     assert not differ, (len(mine), differ)
     assert peak == real_peak

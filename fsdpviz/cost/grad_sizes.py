@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from fsdpviz.cost.sizes import itemsize
 from fsdpviz.schema.report import Report
 
-__all__ = ["Upcast", "param_grads", "placed_grads", "tp_local_shape", "upcasts"]
+__all__ = ["Upcast", "param_grads", "placed_grads", "tp_chunk_shares", "tp_local_shape", "upcasts"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,27 @@ def tp_local_shape(shape: list[int], placement: str, tp: int) -> list[int]:
     out = list(shape)
     d = int(placed.group(1)) % len(out)
     out[d] = -(-out[d] // tp)
+    return out
+
+
+def tp_chunk_shares(report: Report) -> dict[str, Fraction]:
+    """FSDP2 x TP: each parameter sharded on its dim 0 over the tp ranks (``Shard(0)``), by
+    FQN, with the part of it one rank holds (the first rank's chunk, the largest: a
+    gradient redistributed to it holds as many bytes)."""
+    tp = report.config.mesh_dims.tp
+    if report.config.api != "FSDP2" or tp <= 1:
+        return {}
+    shapes = {
+        f"{m.fqn}.{name}" if m.fqn else name: shape
+        for m in report.modules
+        for name, shape in m.params.items()
+    }
+    out: dict[str, Fraction] = {}
+    for u in report.units:
+        for fqn, placement in u.tp_placements.items():
+            shape = list(shapes.get(fqn) or [])
+            if placement == "Shard(0)" and shape and shape[0]:
+                out[fqn] = Fraction(tp_local_shape(shape, placement, tp)[0], shape[0])
     return out
 
 

@@ -1,9 +1,9 @@
 """FSDP2's own steps of :class:`~fsdpviz.cost.memory_walker.Walker`: torchao's float8
 all-gather scales, resharding after forward onto fewer ranks (and the copy-in's copy of those
 shards), the gradients' redistribution under tensor parallelism (a whole one's chunk, a
-partial one's all-reduced copy) and their cast to the reduce dtype without gradient sync,
-the cast of the reduce output, HSDP's reduce-scatter output and all-reduced buffer, and the
-chunk and cat of gradients sharded on a dim other than 0.
+partial one's all-reduced copy or reduce-scattered chunk) and their cast to the reduce dtype
+without gradient sync, the cast of the reduce output, HSDP's reduce-scatter output and
+all-reduced buffer, and the chunk and cat of gradients sharded on a dim other than 0.
 :class:`FSDP2Steps` is that part of the walker (a mixin, typed by :class:`FSDP2Host`).
 
 [Note: float8 all-gather scales]
@@ -26,6 +26,7 @@ one element a weight, held with the unsharded parameters throughout; no all-gath
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from fractions import Fraction
 from typing import Protocol
 
 from fsdpviz.cost.grad_sizes import Upcast
@@ -50,6 +51,7 @@ class FSDP2Host(Protocol):
     grads: dict[str, int]
     upcast: dict[str, Upcast]
     placed: dict[str, tuple[int, ...]]
+    tp_chunks: dict[str, Fraction]
     _cast: set[str]
     _fresh: dict[str, int]
     _reduce_ranks: dict[str, int]
@@ -73,6 +75,8 @@ class FSDP2Host(Protocol):
     tape: Tape
 
     def _moment(self, where: str, c: HookCall | None, e: Event | None = None) -> None: ...
+    def _all_reduce_partial_grad(self, e: Event, c: HookCall) -> None: ...
+    def _scatter_partial_grad(self, e: Event, c: HookCall) -> None: ...
     def _add(self, category: str, pool: str, n: int) -> None: ...
     def _alloc(self, category: str, pool: str, block: Block, n: int) -> None: ...
     def _free(self, category: str, pool: str, block: Block, n: int) -> None: ...
@@ -271,6 +275,34 @@ class FSDP2Steps:
         if [e for _, evs in steps for e in evs] != list(c.events):
             return None
         return steps
+
+    def _redistribute_partial_grad(self: FSDP2Host, e: Event, c: HookCall) -> None:
+        """FSDP2's post-backward, past ``e``: a tp collective there turns a ``Partial()``
+        gradient into the parameter's placement, all-reduced or reduce-scattered."""
+        if e.kind == "tp_all_reduce":
+            self._all_reduce_partial_grad(e, c)
+        elif e.kind == "tp_reduce_scatter":
+            self._scatter_partial_grad(e, c)
+
+    def _scatter_partial_grad(self: FSDP2Host, e: Event, c: HookCall) -> None:
+        """FSDP2's post-backward, past ``e`` (the event stands where the collective is
+        issued): a tp-sharded parameter's ``Partial()`` gradient (a batch of one's
+        column-wise weight: DTensor's ``mm`` strategy), whole on the rank until now,
+        reduce-scattered to its ``Shard(0)`` chunk (``FSDPParam._get_grad_inner_tensor``:
+        ``DTensor.redistribute``, ``Partial._reduce_shard_value`` ->
+        ``Shard._reduce_shard_tensor``: ``funcol.reduce_scatter_tensor`` makes the chunk
+        beside its input), the whole one freed as ``.grad = None`` lets go of it, before the
+        next parameter's. A dim 0 the tp ranks do not divide is padded into a copy first,
+        which is not modelled."""
+        share = self.tp_chunks.get(e.module or "")
+        whole = e.nbytes or 0
+        if share is None or not whole or not self.grads.get(e.unit):
+            return
+        chunk = whole * share.numerator // share.denominator
+        self.cat["unsharded_grads"] += chunk
+        self._moment("at the reduce-scattered chunk of a partial gradient, after", c, e)
+        self.cat["unsharded_grads"] -= whole
+        self.grads[e.unit] -= whole - chunk
 
     def _cast_to_reduce_dtype(self: FSDP2Host, unit: str, c: HookCall) -> None:
         """FSDP2's post-backward without gradient sync, after resharding: the unit's

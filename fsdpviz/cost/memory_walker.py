@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fsdpviz.cost.grad_sizes import Upcast
+from fsdpviz.cost.grad_sizes import Upcast, tp_chunk_shares
 from fsdpviz.cost.hook_calls import HookCall, Tape
 from fsdpviz.cost.memory_fsdp1 import FSDP1Steps
 from fsdpviz.cost.memory_fsdp2 import FSDP2Steps
@@ -121,6 +121,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         # rank's); a plan for another degree scales them
         dims = cfg.mesh_dims
         self.tp = max(1, dims.tp // (prof.tp_ranks if prof else 1))
+        # the parameters sharded on dim 0 over the tp ranks: the part of each a rank holds
+        self.tp_chunks = tp_chunk_shares(report)
         self.raf_int = cfg.post_forward_ranks
         self.replicas = dims.dp_replicate
         # FSDP2 on a 2-D mesh: foreach_reduce all-reduces across the replicas, one included
@@ -372,10 +374,9 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
             self._fwd_saved.discard(unit)
             self._rescale()
         if self.fsdp2 and c.hook == "post_forward":
-            # ModTracker's global forward hook leaves the module before FSDP2's own
-            # post-forward hook runs (nn.Module._call_impl runs global hooks first): its
-            # resharding is outside the unit's forward window (inside its parents'). FSDP1's
-            # post-forward runs inside its module's forward.
+            # ModTracker's global forward hook leaves the module before FSDP2's post-forward
+            # runs (nn.Module._call_impl runs global hooks first): its resharding is outside
+            # the unit's forward window (inside its parents'); FSDP1's runs inside it.
             self._window(c, opening=False)
         if not self.fsdp2:  # a reshard drops device copies of the host parameters
             self._reshard_copies(c)
@@ -394,13 +395,12 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
                 if waits and ev.kind == "all_gather" and ev.unit == unit:
                     self._wait(unit, c)
                 self._snapshot(e)
-                if self.fsdp2 and ev.kind == "tp_all_reduce" and ev.hook is not None:
-                    self._all_reduce_partial_grad(ev, c)  # its post-backward's redistribution
+                if self.fsdp2 and ev.hook is not None:
+                    self._redistribute_partial_grad(ev, c)  # a tp post-backward's
                 if reclaims and ev.kind == "free" and ev.unit == unit:
-                    # FSDP2's post-backward, once it resharded, lets go of the reduce-scatter
-                    # inputs groups before it kept (``reduce_scatter_states``, one retained),
-                    # a group with no gradient to reduce (frozen) too; a micro-step without
-                    # sync returns before
+                    # FSDP2's post-backward, resharded, lets go of the reduce-scatter inputs
+                    # kept by groups before (``reduce_scatter_states``, one retained), frozen
+                    # ones too; a micro-step without sync returns before
                     self._release_reduce_scatter()
                 self._event_index = -1
             for u in (done if callback else finishing) if not self.sync else ():

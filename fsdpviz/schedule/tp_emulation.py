@@ -144,6 +144,8 @@ class TPEmulation:
         self._running = ("", self._root)  # the plan's module begun last, and its group
         self._float8_in: dict[str, bool] = {}  # module -> whether its first input is float8
         self._masks: dict[str, list[torch.Tensor]] = {}  # a row-wise embedding's (masked_ids)
+        # the sharded parameters whose gradient is whole on every rank (TPShares.whole_grads)
+        self._whole_grads: set[nn.Parameter] = set()
         modules = dict(model.named_modules())
         for fqn, tpm in plan.modules.items():
             module = modules[fqn]
@@ -172,6 +174,8 @@ class TPEmulation:
         """What a rank of the tp group holds, for the probe."""
         placements = self.plan.placements(self._model)
         embeddings = {id(m.weight) for m in self._model.modules() if isinstance(m, nn.Embedding)}
+        rowwise = (p for p, at in placements.items() if at == _ROWWISE_EMBEDDING)
+        self._whole_grads.update(p for p in rowwise if id(p) in embeddings)
         return TPShares(
             self.plan.size,
             {
@@ -180,11 +184,7 @@ class TPEmulation:
                 if layout[0] == "shard" and p.dim() > 0
             },
             frozenset(f for f, m in self.plan.modules.items() if m.base == "RowwiseParallel"),
-            frozenset(
-                p
-                for p, layout in placements.items()
-                if layout == _ROWWISE_EMBEDDING and id(p) in embeddings
-            ),
+            self._whole_grads,  # _scattered_weight adds to it
             self._sharded_dtensor,
         )
 
@@ -568,8 +568,9 @@ class TPEmulation:
 
     def _scattered_weight(self, t: torch.Tensor, m: BatchOneMultiply, tpm: TPModule) -> None:
         weight = getattr(self._model.get_submodule(tpm.fqn), "weight", None)
-        if m.weight_grad_partial and isinstance(weight, torch.Tensor):
+        if m.weight_grad_partial and isinstance(weight, nn.Parameter):
             scatter_partial_weight(self._groups, f"{tpm.fqn}.weight", weight, t)
+            self._whole_grads.add(weight)  # its Partial() gradient: whole on each rank
 
     def _multiplied(
         self, tpm: TPModule, i: int, output: torch.Tensor

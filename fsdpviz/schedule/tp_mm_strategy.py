@@ -77,13 +77,18 @@ class MMChoice:
 @functools.lru_cache(maxsize=16)
 def _mesh(size: int, devices_per_host: int) -> object:
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.utils._python_dispatch import _disable_current_modes
 
     # no process group: sharding propagation reads the mesh's shape only, and
     # redistribute_cost the devices per host of its device type (MeshTopoInfo), set by
     # _devices_per_host; the name keeps torch's cached topology of it apart from any
-    # other mesh's (one per devices per host)
+    # other mesh's (one per devices per host). Made where no dispatch mode sees it: asked
+    # inside a trace, the cost probe would count its tensors (kept by this cache) as the
+    # model's, a forward temporary held to the step's end by the first trace alone
     name = (f"{MESH_DIM}_{devices_per_host}",)
-    return DeviceMesh("cpu", torch.arange(size), mesh_dim_names=name, _init_backend=False, _rank=0)
+    with _disable_current_modes():
+        ranks = torch.arange(size, device="cpu")
+        return DeviceMesh("cpu", ranks, mesh_dim_names=name, _init_backend=False, _rank=0)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -95,19 +96,21 @@ class TPShares:
     (``RowwiseParallel``: partial sums before their reduction), and the sharded parameters
     whose gradient is whole on every rank all the same (a row-wise embedding's: DTensor's
     ``embedding_dense_backward`` strategies give no ``Shard(0)`` weight gradient, only a
-    replicated or partial one)."""
+    replicated or partial one; a batch of one's column-wise weight whose multiply DTensor
+    leaves its gradient ``Partial()``, which the tensor-parallel emulation adds to the set
+    in forward, before the gradient is made)."""
 
     size: int
     sharded_params: Mapping[torch.Tensor, Fraction]
     whole_outputs: frozenset[str]
-    whole_grads: frozenset[torch.nn.Parameter] = frozenset()
+    whole_grads: AbstractSet[torch.nn.Parameter] = frozenset()
     # whether a tensor is (a view of) a DTensor the plan leaves sharded: logits a loss then
     # takes inside loss_parallel()
     is_dtensor: Callable[[torch.Tensor], bool] = field(default=lambda t: False)
 
     def grad_bytes(self, p: torch.Tensor, n: int) -> int:
         """One rank's bytes of parameter ``p``'s gradient of ``n`` bytes: its share of the
-        parameter (a row-wise embedding's is whole: :attr:`whole_grads`)."""
+        parameter (a row-wise embedding's, a partial one's, is whole: :attr:`whole_grads`)."""
         share = self.sharded_params.get(p)
         return n if p in self.whole_grads else local_part(n, share)
 
