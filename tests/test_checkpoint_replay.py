@@ -242,10 +242,14 @@ def test_refused_where_the_last_block_is_not_checkpointed_and_keywords_are_kept(
     """Every 3rd of Llama's 4 decoder layers: the trace without checkpointing lets go of
     ``position_ids`` inside the last block's stretches as the forward returns, where the
     plan's third block's frame still holds it, at a moment that trace does not show."""
-    _, capture = _llama_capture(api)
+    full, capture = _llama_capture(api)
     assert capture is not None and not capture.derives(3)
     with pytest.raises(ValueError, match="not exact"):
         capture.every(3)
+    # a checkpointed trace read back from JSON: where each frame let go is not saved
+    case: Case = (_llama, lambda: _ids(96, 12, True), LlamaDecoderLayer, LLAMA[api])
+    read_back = fsdpviz.Report.from_dict(full.to_dict())
+    assert checkpoint_capture(_analyze(case, None), read_back) is None
 
 
 class _Shifted(torch.nn.Module):
