@@ -188,17 +188,118 @@ def test_refused_for_a_compiled_job() -> None:
     assert checkpoint_capture(_analyze(compiled, None), _analyze(compiled, [block])) is None
 
 
-def test_refused_where_checkpoints_hold_keyword_inputs() -> None:
-    """Hugging Face's Llama passes ``position_ids`` and ``cache_position`` to each decoder layer
-    as keywords. torch's non-reentrant checkpoint saves only the positional inputs
-    (``_CheckpointFrame.save_inputs``); its ``recompute_fn`` closes over the keywords, held
-    until the region's backward lets go of the frame. So the first checkpointed block holds
-    them into its backward, where the plan frees them at a moment neither trace shows (the
-    trace without checkpointing frees them as the forward ends, the checkpointed one in the
-    first block's backward): refused."""
-    case: Case = (_llama, lambda: _ids(96, 12, True), LlamaDecoderLayer,
-                  {"fully_shard": [LlamaDecoderLayer]})  # fmt: skip
-    assert checkpoint_capture(_analyze(case, None), _analyze(case, [LlamaDecoderLayer])) is None
+LLAMA: dict[str, dict[str, Any]] = {
+    "FSDP2": {"fully_shard": [LlamaDecoderLayer]},
+    "FSDP1": {"auto_wrap_policy": ModuleWrapPolicy({LlamaDecoderLayer})},
+}
+
+
+@functools.cache
+def _llama_capture(api: str) -> tuple[fsdpviz.Report, CheckpointCapture | None]:
+    case: Case = (_llama, lambda: _ids(96, 12, True), LlamaDecoderLayer, LLAMA[api])
+    full = _analyze(case, [LlamaDecoderLayer])
+    return full, checkpoint_capture(_analyze(case, None), full)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 5])
+@pytest.mark.parametrize("api", list(LLAMA))
+def test_hugging_face_llama_whose_checkpoints_hold_keyword_inputs(api: str, n: int) -> None:
+    """Hugging Face's Llama passes ``position_embeddings`` (cos, sin, which each layer saves
+    too) and ``position_ids`` (which none saves) to each decoder layer as keywords. torch's
+    non-reentrant checkpoint saves only the positional inputs; its ``recompute_fn`` closes
+    over the keywords, held with the frame until the region's backward lets go of it. So
+    ``position_ids`` is held until the first checkpointed block's frame lets go, in its
+    backward, where the trace without checkpointing lets go of it as the forward returns:
+    the plans are ``analyze``'s field for field, the first checkpointed block's peaks taken
+    as they were before its frame let go where they were reached after it."""
+    case: Case = (_llama, lambda: _ids(96, 12, True), LlamaDecoderLayer, LLAMA[api])
+    full, capture = _llama_capture(api)
+    assert capture is not None and capture.derives(n)
+    derived = capture.every(n)
+    assert derived.to_dict() == _analyze(case, CheckpointEvery([LlamaDecoderLayer], n)).to_dict()
+    if n == 1:
+        assert derived.to_dict() == full.to_dict()
+
+
+def test_the_moments_are_carried_where_keywords_are_kept() -> None:
+    """The moments of the first checkpointed block's stretch after its frame let go of the
+    keyword inputs hold that much less."""
+    case: Case = (_llama, lambda: _ids(96, 12, True), LlamaDecoderLayer, LLAMA["FSDP1"])
+    none, full = _analyze(case, None, True), _analyze(case, [LlamaDecoderLayer], True)
+    capture = checkpoint_capture(none, full)
+    assert capture is not None
+    for n in (2, 4):
+        derived = capture.every(n)
+        traced = _analyze(case, CheckpointEvery([LlamaDecoderLayer], n), True)
+        assert derived.to_dict() == traced.to_dict()
+        assert derived.profile is not None and traced.profile is not None
+        for mine, theirs in zip(derived.profile.iterations, traced.profile.iterations, strict=True):
+            assert mine.moments == theirs.moments and any(m is not None for m in mine.moments)
+
+
+@pytest.mark.parametrize("api", list(LLAMA))
+def test_refused_where_the_last_block_is_not_checkpointed_and_keywords_are_kept(api: str) -> None:
+    """Every 3rd of Llama's 4 decoder layers: the trace without checkpointing lets go of
+    ``position_ids`` inside the last block's stretches as the forward returns, where the
+    plan's third block's frame still holds it, at a moment that trace does not show."""
+    full, capture = _llama_capture(api)
+    assert capture is not None and not capture.derives(3)
+    with pytest.raises(ValueError, match="not exact"):
+        capture.every(3)
+    # a checkpointed trace read back from JSON: where each frame let go is not saved
+    case: Case = (_llama, lambda: _ids(96, 12, True), LlamaDecoderLayer, LLAMA[api])
+    read_back = fsdpviz.Report.from_dict(full.to_dict())
+    assert checkpoint_capture(_analyze(case, None), read_back) is None
+
+
+class _Shifted(torch.nn.Module):
+    """A residual MLP block whose input is shifted by a keyword tensor, not saved (an add)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(hidden, 2 * hidden)
+        self.down = torch.nn.Linear(2 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor, *, shift: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x + self.down(torch.relu(self.up(x + shift)))
+        return out
+
+
+class _KeywordShift(torch.nn.Module):
+    """Blocks each given the same keyword tensor, made in forward, that only they hold
+    past it: the checkpoints' frames keep it into the first checkpointed block's backward."""
+
+    def __init__(self, hidden: int = 32, blocks: int = 4) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, hidden)
+        self.blocks = torch.nn.ModuleList(_Shifted(hidden) for _ in range(blocks))
+        self.head = torch.nn.Linear(hidden, 64)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        shift = torch.full(x.shape, 0.5, device=x.device)
+        for block in self.blocks:
+            x = block(x, shift=shift)
+        out: torch.Tensor = self.head(x)
+        return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("api", ["FSDP2", "FSDP1"])
+def test_a_keyword_tensor_only_the_blocks_hold(api: str, n: int) -> None:
+    def build() -> torch.nn.Module:
+        with torch.device("meta"):
+            return _KeywordShift()
+
+    given: dict[str, Any] = (
+        {"fully_shard": [_Shifted]}
+        if api == "FSDP2"
+        else {"auto_wrap_policy": ModuleWrapPolicy({_Shifted})}
+    )
+    case: Case = (build, lambda: _ids(64, 16), _Shifted, given)
+    capture = checkpoint_capture(_analyze(case, None), _analyze(case, [_Shifted]))
+    assert capture is not None and capture.derives(n) and not capture.derives(3)
+    assert capture.every(n).to_dict() == _analyze(case, CheckpointEvery([_Shifted], n)).to_dict()
 
 
 class _Mixer(torch.nn.Module):

@@ -82,10 +82,13 @@ def test_workers_give_the_same_search() -> None:
     assert _candidates(derived) == _candidates(traced_each)
 
 
-def test_a_refused_pair_is_traced_as_asked() -> None:
-    """Hugging Face's Llama: each checkpoint holds the decoder layer's keyword inputs, so
-    the pair does not derive (see test_checkpoint_replay): every 2nd layer is traced, and
-    the sibling traced for the pair is the one the search takes next."""
+@pytest.mark.parametrize("layers", [4, 3])
+def test_hugging_face_llama_derived_or_a_refused_pair_traced_as_asked(layers: int) -> None:
+    """Hugging Face's Llama: each checkpoint holds the decoder layer's keyword inputs
+    (``position_ids``) into the first checkpointed layer's backward (see
+    test_checkpoint_replay). Of 4 layers, every 2nd is derived, as traced; of 3, the last
+    is not checkpointed and the pair does not derive: every 2nd layer is traced, and the
+    sibling traced for the pair is the one the search takes next."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
@@ -93,7 +96,7 @@ def test_a_refused_pair_is_traced_as_asked() -> None:
         cfg = LlamaConfig(
             hidden_size=32,
             intermediate_size=64,
-            num_hidden_layers=4,
+            num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
             vocab_size=96,
@@ -108,9 +111,12 @@ def test_a_refused_pair_is_traced_as_asked() -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(CheckpointPairs, "derive", lambda self, *args: None)
         traced_each = tune()
-    refused = tune()
-    assert refused.checkpoint_derived == 0 and refused.traces == traced_each.traces
-    assert _candidates(refused) == _candidates(traced_each)
+    tuned = tune()
+    if layers == 4:
+        assert tuned.checkpoint_derived > 0 and tuned.traces < traced_each.traces
+    else:
+        assert tuned.checkpoint_derived == 0 and tuned.traces == traced_each.traces
+    assert _candidates(tuned) == _candidates(traced_each)
 
 
 @pytest.mark.skipif(

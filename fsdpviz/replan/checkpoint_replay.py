@@ -45,18 +45,36 @@ Exact or nothing: :func:`checkpoint_capture` returns None where that is not what
   partitioner decides what a compiled region saves by the bytes of its values, and fuses
   across the region's boundary), float8 (the scales a forward saves are freed by the
   backward nodes, kept per stretch);
-- what the traces hold is not the sum of what the blocks hold: at the end of a stretch no
-  block owns, and at the end of each block's backward (a block lets go of all it held),
-  the difference between the traces must be the ``delta`` of the blocks then holding their
-  saves, and the capture must give both traces back (``every(1)`` the checkpointed one,
-  no block the other). This refuses a checkpoint that holds keyword inputs:
-  ``torch.utils.checkpoint``'s non-reentrant ``recompute_fn`` closes over the keywords
-  (``fn(*args, **kwargs)``), held with the frame until the region's backward lets go of it,
-  so the first checkpointed block (in forward order) holds them into its backward, and the
-  plan frees them there at a moment neither trace shows (the one without checkpointing
-  frees them as the forward ends, the checkpointed one in the first block's backward).
-  Hugging Face's Llama passes ``position_ids`` and ``cache_position`` to each decoder layer
-  so: refused.
+- what the traces hold is not the sum of what the blocks hold, and the keyword inputs the
+  checkpoints' frames alone keep (below): at the end of a stretch no block owns, and at the
+  end of each block's backward (a block lets go of all it held), the difference between
+  the traces must be the ``delta`` of the blocks then holding their saves, less those
+  keyword inputs where the checkpointed trace alone holds them, and the capture must give
+  both traces back (``every(1)`` the checkpointed one, no block the other).
+
+Keyword inputs. ``torch.utils.checkpoint``'s non-reentrant ``recompute_fn`` closes over the
+region's keywords (``fn(*args, **kwargs)``), held with the frame
+(``_CheckpointFrame.recompute_fn``) until the last tensor the region saved in forward is
+released in its backward. Hugging Face's Llama passes ``position_embeddings`` (cos, sin)
+and ``position_ids`` to each decoder layer so, the same tensors to each. Cos and sin each
+layer's attention saves too: without checkpointing the first block saves them (from
+``forward_temp`` to ``activations``, in its ``delta``) and its backward lets go of them
+last, in the plan as in both traces (the first block is checkpointed only with ``n = 1``,
+the checkpointed trace itself). ``position_ids`` no block saves: the trace without
+checkpointing lets go of it as the model's forward returns, inside the last block's
+stretches (its ``delta`` less it, as measured); the checkpointed trace as the first
+block's frame lets go, in its backward; the plan as the first checkpointed block's frame
+lets go. Those bytes (``forward_temp``, the same each time) are what the end of the last
+block's backward differs by beyond the deltas. The trace records where each frame let go
+(``StepProfile.frames_released``, :func:`fsdpviz.trace.checkpointing.frames_released`: the
+stretch, its peaks then, its moments so far), so the first checkpointed block's stretch
+there is exact: its end that much lower, a peak reached after the frame let go that much
+lower where it is still the peak, else the peak as it was when the frame let go.
+:meth:`CheckpointCapture.derives` is False (``every`` refuses) where the last block is not
+checkpointed but some block is: the trace without checkpointing lets go of those bytes
+inside its stretches as the forward returns, at a moment it does not record (every 3rd of 4
+blocks). A capture whose checkpointed trace did not record the releases (a report read
+back from JSON) is refused where keyword inputs are kept.
 
 The moments a trace keeps (:func:`~fsdpviz.trace.probe_records.recording_moments`) are
 carried, each stretch's from its trace, its activations and temporaries shifted as the
@@ -164,8 +182,12 @@ class CheckpointCapture:
         # the moments carried where both traces kept theirs
         self._moments = all(any(m is not None for m in s.moments) for s in (*s0, *s1))
         # delta: what a block holds more without checkpointing (activations, forward and
-        # backward temporaries), per iteration
+        # backward temporaries), per iteration; kept: the keyword inputs' bytes the frames
+        # alone keep, and released: where each block's frame let go (its stretch, the
+        # stretch's peaks then, its moments so far), per iteration (where any is kept)
         self._delta: list[list[tuple[int, int, int]]] = []
+        self._kept: list[int] = []
+        self._released: list[list[tuple[int, tuple[int, ...], int | None]]] = []
         for step, (it0, it1) in enumerate(zip(p0["iterations"], p1["iterations"], strict=True)):
             if it0["hooks"] != it1["hooks"] or it0["event_hook"] != it1["event_hook"]:
                 raise _NotExact("other hook calls")
@@ -176,21 +198,79 @@ class CheckpointCapture:
                 f0, f1 = b.forward[step]
                 deltas.append(_minus(diff[f1], diff[f0]))
             self._delta.append(deltas)
-            # between blocks, and at the end of each block's backward, the sum of the deltas
-            # of the blocks then holding their saves (a block's backward lets go of all its own)
-            ends = {b.backward[step][1] for b in self._blocks}
-            for k, d in enumerate(diff):
-                if k not in ends and any(b.owns(step, k) for b in self._blocks):
-                    continue
-                held = (0, 0, 0)
-                for b, x in zip(self._blocks, deltas, strict=True):
-                    if b.holding(step, k):
-                        held = _plus(held, x)
-                if tuple(d) != held:
-                    raise _NotExact(f"stretch {k} holds {d} more without checkpointing, not {held}")
+            self._kept.append(0)
+            self._released.append([])
+            if self._differences(step, diff) != {}:
+                self._keywords_kept(step, full.profile.iterations[step].frames_released, diff)
         everything = set(range(len(self._blocks)))
         if self._dict(everything) != d1 or self._dict(set()) != d0:
             raise _NotExact("the capture does not give its traces back")
+
+    def _differences(self, step: int, diff: list[tuple[int, int, int]]) -> dict[int, Any]:
+        """Where the traces differ by other than the deltas of the blocks then holding their
+        saves (between blocks, and at the end of each block's backward: a block's backward
+        lets go of all its own), less the keyword inputs the frames alone keep (from the
+        forward's end to the first block's release): stretch -> (the difference, that)."""
+        deltas, kept = self._delta[step], self._kept[step]
+        ends = {b.backward[step][1] for b in self._blocks}
+        out: dict[int, Any] = {}
+        for k, d in enumerate(diff):
+            if k not in ends and any(b.owns(step, k) for b in self._blocks):
+                continue
+            held = (0, 0, 0)
+            for b, x in zip(self._blocks, deltas, strict=True):
+                if b.holding(step, k):
+                    held = _plus(held, x)
+            if kept and self._holds(step, k, 1) and not self._holds(step, k, 0):
+                held = _minus(held, (0, kept, 0))
+            if tuple(d) != held:
+                out[k] = (tuple(d), held)
+        return out
+
+    def _keywords_kept(
+        self,
+        step: int,
+        released: list[list[tuple[tuple[int, ...], int | None]]],
+        diff: list[Any],
+    ) -> None:
+        """The keyword inputs the checkpoints' frames alone keep: what the trace without
+        checkpointing lets go of as the last block's forward ends (its stretches, as the
+        forward returns), and the one with each block in the first block's backward, as its
+        frame lets go (see the module's docstring); or :class:`_NotExact`."""
+        blocks = self._blocks
+        last = blocks[-1]
+        if any(x.forward[step] >= y.forward[step] for x, y in itertools.pairwise(blocks)) or any(
+            x.backward[step] <= y.backward[step] for x, y in itertools.pairwise(blocks)
+        ):
+            raise _NotExact("blocks not run in module order, backward in reverse")
+        at = [(k, r) for k, rs in enumerate(released) for r in rs]
+        if len(at) != len(blocks):
+            raise _NotExact("the frames' releases were not recorded")
+        for b, (k, (peaks, moment)) in zip(reversed(blocks), at, strict=True):
+            if not b.backward[step][0] < k <= b.backward[step][1] or len(peaks) != 10:
+                raise _NotExact(f"{b.fqn}'s frame is not let go of in its backward")
+            self._released[step].insert(0, (k, tuple(peaks), moment))
+        d = self._differences(step, diff).get(last.backward[step][1])
+        if d is None or d[0][0] != d[1][0] or d[0][2] != d[1][2] or d[1][1] <= d[0][1]:
+            raise _NotExact(
+                f"stretch {last.backward[step][1]} holds {d} more without checkpointing"
+            )
+        kept = d[1][1] - d[0][1]
+        self._kept[step] = kept
+        self._delta[step][-1] = _plus(self._delta[step][-1], (0, kept, 0))
+        wrong = self._differences(step, diff)
+        if wrong:
+            k, (d, held) = next(iter(wrong.items()))
+            raise _NotExact(f"stretch {k} holds {d} more without checkpointing, not {held}")
+
+    def _holds(self, step: int, k: int, source: int, first: int | None = None) -> bool:
+        """Whether the keyword inputs the frames alone keep are held at the end of stretch
+        ``k``: with block ``first`` the first checkpointed, until its frame lets go; else in
+        trace ``source`` (0: until the forward's end, in the last block's forward stretches;
+        1: until the first block's frame lets go)."""
+        if first is None and source == 0:
+            return k < self._blocks[-1].forward[step][1]
+        return k < self._released[step][0 if first is None else first][0]
 
     def _find_blocks(self, full: Report, classes: set[str], count: int) -> list[_Block]:
         """The modules checkpointed: the outermost of the classes named, in module order
@@ -238,12 +318,26 @@ class CheckpointCapture:
         """The blocks, in the order ``CheckpointEvery`` counts them."""
         return [b.fqn for b in self._blocks]
 
-    def every(self, n: int) -> Report:
-        """The report ``analyze`` makes with ``CheckpointEvery([Block], n)``: the ``n``-th,
-        ``2n``-th, ... block checkpointed (``n=1``: each)."""
+    def derives(self, n: int) -> bool:
+        """Whether :meth:`every` gives ``n``'s plan exactly: not where the checkpoints'
+        frames alone keep keyword inputs and the last block is not checkpointed, but some
+        is (the trace without checkpointing lets go of them inside the last block's
+        stretches, as the forward returns, the plan not: see the module's docstring)."""
+        chosen = self._chosen(n)
+        return not chosen or not any(self._kept) or len(self._blocks) - 1 in chosen
+
+    def _chosen(self, n: int) -> set[int]:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ConfigError(f"n must be a positive int, got {n!r}")
-        chosen = {i for i in range(len(self._blocks)) if (i + 1) % n == 0}
+        return {i for i in range(len(self._blocks)) if (i + 1) % n == 0}
+
+    def every(self, n: int) -> Report:
+        """The report ``analyze`` makes with ``CheckpointEvery([Block], n)``: the ``n``-th,
+        ``2n``-th, ... block checkpointed (``n=1``: each). Raises ``ValueError`` where not
+        exact (:meth:`derives`)."""
+        chosen = self._chosen(n)
+        if not self.derives(n):
+            raise ValueError(f"every {n}th block's plan is not exact from the two traces")
         d = self._dict(chosen)
         report = Report.from_dict(d)
         none, full = self._reports
@@ -263,15 +357,29 @@ class CheckpointCapture:
                 return int(i in chosen)
         return 0
 
-    def _shift(self, step: int, k: int, source: int, chosen: set[int]) -> tuple[int, int, int]:
-        """What the blocks holding their saves through stretch ``k`` hold in the plan more
-        than in the trace ``source`` (activations, forward and backward temporaries)."""
+    def _shift(
+        self, step: int, k: int, source: int, chosen: set[int]
+    ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """What the plan holds more than the trace ``source`` (activations, forward and
+        backward temporaries) at the end of stretch ``k``, and at its peaks: what the blocks
+        holding their saves through it hold, and the keyword inputs the frames alone keep
+        (the first checkpointed block's frame lets go of them in its backward, after the
+        stretch's peaks: :meth:`derives`)."""
         out = (0, 0, 0)
         for i, b in enumerate(self._blocks):
             if b.holding(step, k) and (i in chosen) != bool(source):
                 d = self._delta[step][i]
                 out = _plus(out, d) if source else _minus(out, d)
-        return out
+        kept = self._kept[step]
+        if not kept:
+            return out, out
+        first = min(chosen) if chosen else None
+        mine = self._holds(step, k, 0, first)
+        theirs = self._holds(step, k, source)
+        end = _plus(out, (0, kept * (mine - theirs), 0))
+        if first is not None and k == self._released[step][first][0]:
+            return end, out  # (the peaks before the frame let go, held in both)
+        return end, end
 
     def _dict(self, chosen: set[int]) -> dict[str, Any]:
         """The plan's ``to_dict()`` (without the fit check's warning)."""
@@ -297,14 +405,16 @@ class CheckpointCapture:
             sources = (d0["profile"]["iterations"][step], d1["profile"]["iterations"][step])
             for k in range(len(it["activations"])):
                 source = self._source(step, k, chosen)
-                shift = self._shift(step, k, source, chosen)
+                end, peak = self._shift(step, k, source, chosen)
                 src = sources[source]
                 for f in _STRETCH_FIELDS:
                     if k < len(src[f]):
                         it[f][k] = copy.deepcopy(src[f][k])
                 _take_unbuffered(it, src, k)
-                if any(shift):
-                    _shifted(it, k, shift)
+                if end != peak:  # the first checkpointed block's frame lets go in k
+                    _let_go(it, k, self._released[step][min(chosen)][1], peak[1] - end[1])
+                if any(end) or any(peak):
+                    _shifted(it, k, end, peak)
         return out
 
     def _carry_moments(self, report: Report, chosen: set[int]) -> None:
@@ -319,21 +429,30 @@ class CheckpointCapture:
             for k in range(len(traces[0][step].moments)):
                 source = self._source(step, k, chosen)
                 m = traces[source][step].moments[k]
-                shift = self._shift(step, k, source, chosen)
-                if m is not None and any(shift):
-                    sa, sf, sb = shift
-                    moments = [(a + sa, f + sf, b + sb, g, x) for a, f, b, g, x in m.moments]
+                end, peak = self._shift(step, k, source, chosen)
+                if m is not None and (any(end) or any(peak)):
+                    # (the moments after the first checkpointed frame let go: as its end)
+                    after = len(m.moments)
+                    if end != peak:
+                        after = self._released[step][min(chosen)][2] or 0
+                    moments = [
+                        (a + sa, f + sf, b + sb, g, x)
+                        for j, (a, f, b, g, x) in enumerate(m.moments)
+                        for sa, sf, sb in [end if j >= after else peak]
+                    ]
                     m = dataclasses.replace(m, moments=moments)
                 kept.append(m)
             it.moments = kept
 
 
-def _shifted(it: dict[str, Any], k: int, shift: tuple[int, int, int]) -> None:
-    """Stretch ``k``'s absolute counters, ``shift`` bytes more (activations, forward and
-    backward temporaries)."""
-    sa, sf, sb = shift
-    for f, x in zip(_HELD, shift, strict=True):
+def _shifted(
+    it: dict[str, Any], k: int, end: tuple[int, int, int], peak: tuple[int, int, int]
+) -> None:
+    """Stretch ``k``'s absolute counters, ``end`` bytes more at its end and ``peak`` at its
+    peaks (activations, forward and backward temporaries)."""
+    for f, x in zip(_HELD, end, strict=True):
         it[f][k] += x
+    sa, sf, sb = peak
     it["peak"][k] += sa + sf + sb
     it["peak_activations"][k] += sa
     it["peak_forward_temp"][k] += sf
@@ -348,6 +467,39 @@ def _shifted(it: dict[str, Any], k: int, shift: tuple[int, int, int]) -> None:
         for v in it["param_views_freed"][k].values():
             v[0], v[1], v[2] = v[0] + sa + sf + sb, v[1] + sa, v[2] + sf
             v[4], v[5], v[6] = v[4] + sa + sf + sb, v[5] + sa, v[6] + sf
+
+
+def _let_go(it: dict[str, Any], k: int, before: tuple[int, ...], kept: int) -> None:
+    """Stretch ``k``'s peaks with ``kept`` bytes of forward temporaries let go of when its
+    peaks were ``before`` (``peak``, its activations, forward temp and grads,
+    ``peak_in_place``, ``peak_unbuffered``): a peak reached after, that much lower, where
+    it still is one (the first moment with the most)."""
+
+    def lowered(now: list[int], then: Sequence[int], fwd: int) -> list[int]:
+        if now[0] <= then[0]:  # reached by then
+            return now
+        if now[0] - kept > then[0]:
+            return [x - kept if j in (0, fwd) else x for j, x in enumerate(now)]
+        return list(then)
+
+    peak = lowered(
+        [it["peak"][k], it["peak_activations"][k], it["peak_forward_temp"][k], it["peak_grads"][k]],
+        before[:4],
+        2,
+    )
+    it["peak"][k], it["peak_activations"][k], it["peak_forward_temp"][k], it["peak_grads"][k] = peak
+    in_place = it["peak_in_place"][k]
+    unbuffered = it.get("peak_unbuffered")
+    if unbuffered is not None:
+        mine = lowered(list(unbuffered.get(str(k), in_place)), before[7:], 2)
+    it["peak_in_place"][k] = in_place = lowered(list(in_place), before[4:7], 2)
+    if unbuffered is not None:
+        unbuffered.pop(str(k), None)
+        if mine != in_place:
+            unbuffered[str(k)] = mine
+    for v in it["param_views_freed"][k].values():
+        v[:4] = lowered(v[:4], before[:4], 2)
+        v[4:] = lowered(v[4:], before[4:7], 2)
 
 
 def _take_unbuffered(it: dict[str, Any], src: dict[str, Any], k: int) -> None:

@@ -177,6 +177,14 @@ class StepProfile(Record):
     moments: list[StretchMoments | None] = field(
         default_factory=list, compare=False, repr=False, metadata=key(saved=False)
     )
+    # per stretch, each checkpointed region's frame let go of in it (with what the region's
+    # ``recompute_fn`` holds: its keyword inputs), in order: the stretch's peaks then
+    # (``peak``, its activations, forward temp and grads, ``peak_in_place``, then
+    # ``peak_unbuffered``: 10 ints), and how many of its moments were weighed before, where
+    # it kept them (never saved)
+    frames_released: list[list[tuple[tuple[int, ...], int | None]]] = field(
+        default_factory=list, compare=False, repr=False, metadata=key(saved=False)
+    )
 
 
 _INT = key(read=int)

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Literal, TypedDict
 
 import torch
@@ -159,7 +161,43 @@ def apply_checkpointing(model: nn.Module, spec: CheckpointSpec) -> int:
 
 
 def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    if not _RELEASE_LISTENERS:
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    region = _Region()  # held by the frame's recompute_fn, with the keywords
+
+    def run(*a: Any, **kw: Any) -> Any:
+        _ = region
+        return forward(*a, **kw)
+
+    weakref.finalize(region, _released)
+    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+
+class _Region:
+    """What a checkpointed region's frame holds (through its ``recompute_fn``), to tell when
+    the frame lets go of it."""
+
+
+_RELEASE_LISTENERS: list[Callable[[], None]] = []
+
+
+def _released() -> None:
+    for listener in _RELEASE_LISTENERS:
+        listener()
+
+
+@contextmanager
+def frames_released(listener: Callable[[], None]) -> Iterator[None]:
+    """Call ``listener`` each time the frame of a checkpointed region of fsdpviz's copy
+    (:func:`apply_checkpointing`, whole modules) lets go of what it holds: its
+    ``recompute_fn``, closing over the region's keyword inputs (``fn(*args, **kwargs)`` in
+    ``torch.utils.checkpoint``'s non-reentrant checkpoint), is freed with the frame when the
+    last tensor the region saved in forward is released in backward."""
+    _RELEASE_LISTENERS.append(listener)
+    try:
+        yield
+    finally:
+        _RELEASE_LISTENERS.remove(listener)
 
 
 _SELECTIVE: list[SelectiveCheckpoint] = []  # the selective regions running, innermost last

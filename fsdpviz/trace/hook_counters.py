@@ -38,6 +38,8 @@ class Mark:
     # ``peak_in_place`` less the gradients one forward call of a unit made that autograd
     # holds for another call's (StepProfile.peak_unbuffered)
     peak_unbuffered: tuple[int, int, int] = (0, 0, 0)
+    # each checkpointed region's frame let go of in the stretch (StepProfile.frames_released)
+    frames_released: list[tuple[tuple[int, ...], int | None]] = field(default_factory=list)
 
 
 EMPTY_MARK = Mark([], 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, {}, 0, True)
@@ -122,6 +124,7 @@ def cut_profile(
                 scales_freed=[dict(m.scales_freed) for m in data],
                 param_views_freed=[dict(m.param_views_freed) for m in data],
                 moments=[m.moments for m in data],
+                frames_released=[list(m.frames_released) for m in data],
             )
         )
     base.iterations = steps

@@ -72,6 +72,7 @@ from fsdpviz.schema.profile import StretchMoments, TraceProfile
 from fsdpviz.schema.report import IGNORED
 from fsdpviz.trace import meta_cache
 from fsdpviz.trace.attention import fused_attention
+from fsdpviz.trace.checkpointing import frames_released
 from fsdpviz.trace.compiled_loss import CompiledLossAccounting
 from fsdpviz.trace.compiled_regions import CompiledRegion, CompiledRegionAccounting
 from fsdpviz.trace.float8_probe import Float8Accounting
@@ -236,7 +237,12 @@ class CostProbe(
         self._measuring = True
         done = model.register_forward_hook(self._forward_done)
         try:
-            with saved_tensors_hooks(self._pack, _unpack), fused_attention(), self:
+            with (
+                saved_tensors_hooks(self._pack, _unpack),
+                fused_attention(),
+                frames_released(self._frame_released),
+                self,
+            ):
                 yield
         finally:
             done.remove()
@@ -513,9 +519,15 @@ class CostProbe(
             dict(s.param_views_freed),
             s.moments,
             s.peak_unbuffered,
+            list(s.released),
         )
         self._stretch = self._new_stretch()
         return mark
+
+    def _frame_released(self) -> None:
+        """A checkpointed region's frame let go of what it held (``frames_released``)."""
+        s = self._stretch
+        s.released.append((_peaks(s), None if s.moments is None else len(s.moments.moments)))
 
     def _new_stretch(self) -> Stretch:
         live = self.live
@@ -592,3 +604,10 @@ def traced_as_share(t: torch.Tensor) -> bool:
         isinstance(mode, CostProbe) and mode.holds_share(t)
         for mode in _get_current_dispatch_mode_stack()
     )
+
+
+def _peaks(s: Stretch) -> tuple[int, ...]:
+    """The peaks of stretch ``s`` so far: ``peak``, ``peak_activations``,
+    ``peak_forward_temp``, ``peak_grads``, ``peak_in_place``, ``peak_unbuffered``."""
+    return (s.peak, s.peak_activations, s.peak_forward_temp, s.peak_grads,
+            *s.peak_in_place, *s.peak_unbuffered)  # fmt: skip

@@ -144,6 +144,10 @@ class Stretch:
     param_views_freed: dict[str, list[int]] = field(default_factory=dict)
     # every moment the peaks were weighed at, while :func:`recording_moments` (else None)
     moments: StretchMoments | None = None
+    # each checkpointed region's frame let go of in the stretch: the peaks then (``peak``,
+    # its activations, forward temp and grads, ``peak_in_place``, ``peak_unbuffered``), how
+    # many moments were weighed (where kept)
+    released: list[tuple[tuple[int, ...], int | None]] = field(default_factory=list)
 
 
 _MOMENTS: ContextVar[bool] = ContextVar("fsdpviz_moments", default=False)

@@ -191,7 +191,7 @@ class CheckpointPairs:
         checkpointing, with each block); None where not exact (noted: no sibling is traced
         ahead any more)."""
         capture = checkpoint_capture(*traces)  # (not kept: each key is derived once)
-        if capture is None:
+        if capture is None or not capture.derives(n):
             self.refused = True
             return None
         plan = capture.every(n)
