@@ -31,12 +31,19 @@ import yaml
 from fsdp_harness import assert_same_accumulation, assert_same_schedule
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, OffloadPolicy, ShardingStrategy
+from torch.distributed.fsdp import (
+    CPUOffload,
+    CPUOffloadPolicy,
+    MixedPrecision,
+    OffloadPolicy,
+    ShardingStrategy,
+)
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.utils.checkpoint import CheckpointPolicy
 
 import fsdpviz
 from fsdpviz.configs.torchtitan_job import mesh_degrees
+from fsdpviz.configs.torchtitan_plan import EveryNthBlock
 from fsdpviz.cost import machine
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_model
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
@@ -645,3 +652,115 @@ def test_offload_code_offloads_as_planned(
     assert ({"h2d", "d2h"} <= kinds) is (written is not None)
     accelerate = yaml.safe_load(configuration_code(c, "accelerate"))
     assert accelerate["fsdp_config"]["fsdp_offload_params"] is (written is not None)
+
+
+def _titan_planned(degrees: Mapping[str, int], **job: Any) -> tuple[fsdpviz.TorchtitanJob, Planned]:
+    """A torchtitan job of ``degrees`` on 8 ranks (``job``: its other sections), as tune's
+    candidate of it."""
+    data = {
+        "model": {"name": "llama3", "flavor": "debugmodel"},
+        "training": {"local_batch_size": 2, "seq_len": 64},
+        "parallelism": dict(degrees),
+        **job,
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        source = fsdpviz.from_torchtitan(data, world_size=8)
+    report = fsdpviz.analyze(source.model, source.inputs, progress=False, **source.config)
+    return source, Planned(cast(TuneKwargs, dict(source.config)), source.inputs, report, 2)
+
+
+def test_every_nth_block_checkpointing_is_torchtitans_selective_option() -> None:
+    """torchtitan's default ``selective_ac_option = "2"`` (read as ``EveryNthBlock(2)``) is
+    written back as itself and reads back as the same plan (it was written ``mode =
+    "full"``); accelerate, which checkpoints every wrapped block or none, says so."""
+    source, c = _titan_planned({})
+    assert source.config["activation_checkpointing"] == EveryNthBlock(2)
+    text = configuration_code(c, "torchtitan")
+    assert '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "2"\n' in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        back = fsdpviz.from_torchtitan(tomllib.loads(text))
+    assert _titan_keywords(back.config) == _titan_keywords(source.config)
+    accelerate = configuration_code(c, "accelerate")
+    assert "  fsdp_activation_checkpointing: true\n" in accelerate
+    assert "# note: accelerate checkpoints every wrapped block; per-op or every-nth" in accelerate
+
+
+@pytest.mark.parametrize(
+    ("degrees", "sizes"),
+    [
+        ({}, None),
+        ({"data_parallel_replicate_degree": 2}, [2, 4, 1, 1]),
+        ({"tensor_parallel_degree": 2}, [1, 4, 2, 1]),
+        ({"data_parallel_replicate_degree": 2, "context_parallel_degree": 2}, [2, 2, 1, 2]),
+    ],
+    ids=["1-D", "HSDP", "FSDP x TP", "HSDP x cp"],
+)
+def test_accelerates_config_names_the_mesh_and_the_blocks(
+    tmp_path: Any, degrees: dict[str, int], sizes: list[int] | None
+) -> None:
+    """accelerate's ``parallelism_config`` gives an HSDP, TP or cp plan's mesh (it wrote
+    plain FSDP over ``num_processes``), and accelerate's own loader and
+    ``ParallelismConfig`` take it; the units of a torchtitan-style list of names are each
+    block, ``TRANSFORMER_BASED_WRAP`` of its class (it wrote ``NO_WRAP``)."""
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.parallelism_config import ParallelismConfig
+
+    _, c = _titan_planned(degrees, activation_checkpoint={"mode": "full"})
+    text = configuration_code(c, "accelerate")
+    fsdp = yaml.safe_load(text)["fsdp_config"]
+    assert fsdp["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert fsdp["fsdp_transformer_layer_cls_to_wrap"] == "TransformerBlock"
+    assert "units 'tok_embeddings', 'norm, output' join the root's unit there" in text
+    parallel = yaml.safe_load(text).get("parallelism_config")
+    if sizes is None:
+        assert parallel is None
+        return
+    keys = [f"parallelism_config_{k}_size" for k in ("dp_replicate", "dp_shard", "tp", "cp")]
+    assert [parallel[k] for k in keys] == sizes
+    assert parallel.get("parallelism_config_cp_comm_strategy") == (
+        "allgather" if sizes[3] > 1 else None
+    )
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(text)
+    assert load_config_from_file(str(path)).parallelism_config == parallel
+    mesh = ParallelismConfig(**{k.removeprefix("parallelism_config_"): v
+                                for k, v in parallel.items() if k.endswith("_size")})  # fmt: skip
+    assert mesh.total_size == 8
+
+
+@pytest.mark.parametrize(
+    ("strategy", "policy"),
+    [("FULL_SHARD", "always"), ("SHARD_GRAD_OP", "never"), ("NO_SHARD", "default")],
+)
+def test_fsdp1s_options_as_torchtitans(strategy: str, policy: str) -> None:
+    """FSDP1's ``MixedPrecision`` is torchtitan's mixed precision (it was written float32)
+    and its strategy the resharding that means the same (``SHARD_GRAD_OP`` was written
+    ``"default"``), with a note that torchtitan runs FSDP2."""
+    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    c = planned(_plain(), _ids(128), auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+                mixed_precision=mp, sharding_strategy=ShardingStrategy[strategy])  # fmt: skip
+    text = configuration_code(c, "torchtitan")
+    assert 'mixed_precision_param = "bfloat16"\nmixed_precision_reduce = "float32"\n' in text
+    assert f'fsdp_reshard_after_forward = "{policy}"\n' in text
+    assert "# note: torchtitan runs FSDP2 (fully_shard); this plan is FSDP1's" in text
+
+
+def test_a_replicate_dimension_of_one_rank_beside_cp() -> None:
+    """A mesh ``dp_replicate 1 x dp_shard 4 x cp 2`` is HSDP (FSDP2 all-reduces over the
+    replicate dimension of one rank); torchtitan and accelerate build no such dimension,
+    and both files say so (they wrote it as plain FSDP, silently)."""
+    source, _ = _titan_planned(
+        {"context_parallel_degree": 2}, activation_checkpoint={"mode": "none"}
+    )
+    config = {**source.config, "mesh": ("dp_replicate", 1, "dp_shard", 4, "cp", 2)}
+    report = fsdpviz.analyze(source.model, source.inputs, progress=False, **config)
+    assert report.config.mesh_dims.hsdp
+    c = Planned(cast(TuneKwargs, config), source.inputs, report, 2)
+    titan = configuration_code(c, "torchtitan")
+    assert "data_parallel_replicate_degree = 1\ndata_parallel_shard_degree = 4\n" in titan
+    assert "torchtitan's ParallelDims builds no replicate dimension of size 1" in titan
+    accelerate = configuration_code(c, "accelerate")
+    assert "  parallelism_config_dp_replicate_size: 1\n" in accelerate
+    assert "accelerate's ParallelismConfig builds no replicate dimension of size 1" in accelerate

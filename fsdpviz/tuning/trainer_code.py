@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections import Counter
 from collections.abc import Mapping
 
 import torch
@@ -13,7 +14,7 @@ import torch
 from fsdpviz.configs.accelerate import RESHARD_KEY as ACCELERATE_RESHARD
 from fsdpviz.configs.torchtitan_job import CP_ROTATE_KEY, CP_ROTATE_METHOD
 from fsdpviz.configs.torchtitan_plan import RESHARD_KEY as TITAN_RESHARD
-from fsdpviz.configs.torchtitan_plan import reshard_policy
+from fsdpviz.configs.torchtitan_plan import EveryNthBlock, reshard_policy
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import schedule_class
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
@@ -29,7 +30,8 @@ def torchtitan_toml(c: Candidate) -> str:
     kw = c.kwargs
     cfg = c.report.config
     notes: list[str] = []
-    mp = kw.get("mp_policy")
+    # FSDP1's MixedPrecision has the same two dtypes as FSDP2's MixedPrecisionPolicy
+    mp = kw.get("mp_policy", kw.get("mixed_precision"))
     param = getattr(mp, "param_dtype", None) or torch.float32
     reduce = getattr(mp, "reduce_dtype", None) or param
     tt_dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -39,6 +41,15 @@ def torchtitan_toml(c: Candidate) -> str:
     # torch's default), the root aside: torchtitan's policies set the groups below it
     applied = {u: v for u in cfg.fully_shard if u and (v := cfg.resharding(u)) is not None}
     policy = reshard_policy(applied if applied and pipe is None else raf)
+    if cfg.api != "FSDP2":
+        # FSDP1's strategy as FSDP2's resharding of every unit below the root (FSDP1 keeps
+        # the root's parameters after forward, as FSDP2 does)
+        policy = _FSDP1_RESHARD.get(cfg.sharding_strategy, "default")
+        notes.append(
+            f"torchtitan runs FSDP2 (fully_shard); this plan is FSDP1's "
+            f"({cfg.sharding_strategy}, its own units and prefetching), not exactly what "
+            "torchtitan runs: analyze the FSDP2 configuration (fully_shard=...) for its plan"
+        )
     if policy is None:
         policy = "default"
         given = dict(raf) if isinstance(raf, Mapping) else raf
@@ -47,6 +58,8 @@ def torchtitan_toml(c: Candidate) -> str:
             "torchtitan's apply_fsdp needs a change for it"
         )
     dims = titan_degrees(cfg)
+    if dims.hsdp and dims.dp_replicate == 1 and cfg.api == "FSDP2":
+        notes.append(_REPLICATE_OF_ONE.format(trainer="torchtitan's ParallelDims"))
     # torchtitan's batch degree: the data-parallel ranks, each fed its own samples (the cp
     # ranks of one share them, each a part of every sequence)
     global_batch = c.micro_batch * c.grad_accum * dims.dp
@@ -102,8 +115,8 @@ def torchtitan_toml(c: Candidate) -> str:
         out.append('mode = "none"')
     elif isinstance(spec, SelectiveCheckpoint):
         out += ['mode = "selective"', 'selective_ac_option = "op"']
-    elif isinstance(spec, CheckpointEvery):
-        out += ['mode = "selective"', f'selective_ac_option = "{spec.every}"']
+    elif (every := _every_nth(spec)) is not None:
+        out += ['mode = "selective"', f'selective_ac_option = "{every}"']
     else:
         out.append('mode = "full"')
     if cfg.compile:
@@ -146,6 +159,35 @@ def torchtitan_toml(c: Candidate) -> str:
     return "\n".join(out + [f"# note: {n}" for n in notes])
 
 
+# FSDP1's sharding strategies as torchtitan's RESHARD_KEY where they mean the same: FULL_SHARD
+# reshards every unit after forward, SHARD_GRAD_OP none; NO_SHARD is torchtitan's DDP (no key)
+_FSDP1_RESHARD = {
+    "FULL_SHARD": "always",
+    "HYBRID_SHARD": "always",
+    "SHARD_GRAD_OP": "never",
+    "_HYBRID_SHARD_ZERO2": "never",
+    "HYBRID_SHARD_ZERO2": "never",
+}
+
+_REPLICATE_OF_ONE = (
+    "the plan's mesh has a dp_replicate dimension of 1 rank (HSDP: FSDP2 all-reduces each "
+    "gradient over it too, an all-reduce of one rank); {trainer} builds no replicate "
+    "dimension of size 1, so the job runs FSDP without it"
+)
+
+
+def _every_nth(spec: object) -> int | None:
+    """The ``n`` of activation checkpointing of every ``n``-th block, as torchtitan's
+    ``selective_ac_option = "<n>"`` says it: :class:`CheckpointEvery`'s ``every``, or the
+    number of the :class:`~fsdpviz.configs.torchtitan_plan.EveryNthBlock` its reader makes
+    (``0``: every block); ``None`` for any other checkpointing."""
+    if isinstance(spec, CheckpointEvery):
+        return spec.every
+    if isinstance(spec, EveryNthBlock):
+        return spec.every
+    return None
+
+
 def titan_degrees(cfg: ReportConfig) -> ParallelDims:
     """The degrees of torchtitan's ``ParallelDims`` for the plan of ``cfg``: the report's
     own (:attr:`~fsdpviz.schema.config.ReportConfig.mesh_dims`), whose product is the world
@@ -178,12 +220,13 @@ def accelerate_yaml(c: Candidate) -> str:
             f"{DTYPES.get(reduce, reduce)} reduction pass FullyShardedDataParallelPlugin("
             "mixed_precision_policy=...) in code"
         )
-    block = _block_name(c)
+    block = _block_name(c, notes)
     out = [
         "distributed_type: FSDP",
         # quoted: YAML reads a bare `no` as false, which accelerate launch cannot lower()
         f"mixed_precision: {json.dumps(mixed) if mixed == 'no' else mixed}",
         f"num_processes: {cfg.ranks}",
+        *_accelerate_mesh(cfg, notes),
         "fsdp_config:",
         f"  fsdp_version: {2 if fsdp2 else 1}",
     ]
@@ -205,7 +248,7 @@ def accelerate_yaml(c: Candidate) -> str:
         out.append(f"  fsdp_forward_prefetch: {str(cfg.forward_prefetch).lower()}")
     spec = kw.get("activation_checkpointing")
     out.append(f"  fsdp_activation_checkpointing: {'true' if spec is not None else 'false'}")
-    if isinstance(spec, (SelectiveCheckpoint, CheckpointEvery)):
+    if isinstance(spec, SelectiveCheckpoint) or (_every_nth(spec) or 0) > 1:
         notes.append(
             "accelerate checkpoints every wrapped block; per-op or every-nth checkpointing "
             "needs apply_activation_checkpointing in code (Candidate.code())"
@@ -223,10 +266,67 @@ def accelerate_yaml(c: Candidate) -> str:
     return "\n".join(out + [f"# note: {n}" for n in notes])
 
 
-def _block_name(c: Candidate) -> str:
+def _accelerate_mesh(cfg: ReportConfig, notes: list[str]) -> list[str]:
+    """The plan's mesh as accelerate's ``parallelism_config`` (FSDP2 only: accelerate's
+    ``ParallelismConfig``, dimensions dp_replicate, dp_shard, cp, tp; a pipeline is refused
+    before), with a note for what it cannot say; FSDP1's hybrid sharding is its
+    ``fsdp_sharding_strategy``."""
+    dims = titan_degrees(cfg)
+    if cfg.api != "FSDP2":
+        if dims.hsdp:
+            notes.append(
+                f"accelerate's {cfg.sharding_strategy} shards within each node (torch's "
+                f"default groups, no device mesh): the plan's shard groups of {dims.dp_shard} "
+                f"ranks need {dims.dp_shard} GPUs a node"
+            )
+        return []
+    if dims.hsdp and dims.dp_replicate == 1:
+        notes.append(_REPLICATE_OF_ONE.format(trainer="accelerate's ParallelismConfig"))
+    if dims.dp_replicate == 1 and dims.cp == 1 and dims.tp == 1:
+        return []  # plain FSDP over every rank: num_processes says it
+    if dims.tp > 1:
+        notes.append(
+            "accelerate's tensor parallelism applies the model's own tp_plan (transformers' "
+            "from_pretrained(tp_plan=...)), not parallelize_plan: check that they match"
+        )
+    if dims.dp_replicate > 1 and dims.dp_shard == 1 and dims.cp * dims.tp > 1:
+        notes.append(
+            "accelerate refuses dp_replicate_size > 1 with dp_shard_size 1 beside tp or cp"
+        )
+    prefix = "  parallelism_config_"
+    out = [
+        "parallelism_config:",
+        f"{prefix}dp_replicate_size: {dims.dp_replicate}",
+        f"{prefix}dp_shard_size: {dims.dp_shard}",
+        f"{prefix}tp_size: {dims.tp}",
+        f"{prefix}cp_size: {dims.cp}",
+    ]
+    if dims.cp > 1:
+        out.append(f"{prefix}cp_comm_strategy: {CP_ROTATE_METHOD}")
+    return out
+
+
+def _block_name(c: Candidate, notes: list[str]) -> str:
+    """The class accelerate's ``TRANSFORMER_BASED_WRAP`` wraps: the wrap knob's block, or
+    the classes of most of the plan's units below the root (a torchtitan-style list of
+    names: each block), with a note naming the units of other classes."""
     wrap = c.knobs.get("wrap", "")
     m = re.match(r"each (\w+)", wrap)
-    return m.group(1) if m else ""
+    if m:
+        return m.group(1)
+    units = [u for u in c.report.units if u.module and u.module_class]
+    counts = Counter(u.module_class for u in units)
+    if not counts:
+        return ""
+    most = max(counts.values())
+    blocks = [name for name, n in counts.items() if n == most]  # the children of each block
+    others = [u.module for u in units if u.module_class not in blocks]
+    if others:
+        notes.append(
+            f"fsdp_transformer_layer_cls_to_wrap wraps each {' and each '.join(blocks)}; "
+            f"the plan's units {', '.join(map(repr, others))} join the root's unit there"
+        )
+    return ",".join(blocks)
 
 
 __all__ = ["accelerate_yaml", "titan_degrees", "torchtitan_toml"]
