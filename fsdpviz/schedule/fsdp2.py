@@ -17,6 +17,7 @@ from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options, parse_fsdp2_options
 from fsdpviz.plan.fsdp2_shards import mark_unused
 from fsdpviz.plan.job import JOB_KEYS, micro_step_syncs
+from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.tensor_parallel import (
     check_float8_styles,
     local_shape,
@@ -215,7 +216,7 @@ def check_unshard_in_backward(groups: list[Group], probe: CostProbe | None) -> N
                 "and does not all-gather them in backward, so torch fails there (RuntimeError: "
                 "setStorage: ... out of bounds for storage of size 0). Set it False only for "
                 "groups whose backward needs no parameter (an embedding's), or keep the group "
-                "unsharded after forward (reshard_after_forward=False)"
+                f"unsharded after forward ({RESHARD.code(False)})"
             )
 
 
