@@ -12,6 +12,7 @@ global shape, FSDP2's hooks and class swap are dropped. The user's model is not 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import torch
@@ -211,14 +212,14 @@ def plan_from_fully_sharded(
             "applied model yet; pass the model before fully_shard and parallelize_module, "
             "with fully_shard=[...], parallelize_plan= and mesh="
         )
-    if tp is not None:
-        shard, tp_size, tp_name = opts.world_size, tp[1][-1], tp[0][-1]
+    if tp is not None:  # the mesh's ranks: FSDP's 1-D mesh and the tp mesh
+        (*_, tp_name), (*_, tp_size) = tp
         opts = opts.replace(
             tp_size=tp_size,
             tp_name=tp_name,
-            world_size=shard * tp_size,
-            shard_size=shard,
-            mesh_dims=dict(zip(tp[0], tp[1], strict=True)),
+            world_size=math.prod(tp[1]),
+            shard_size=opts.dims.dp_shard_cp,
+            mesh_dims=dict(zip(*tp, strict=True)),
             tp=plan_from_hooks(model, tp_size, tp_name),
         )
     finalize_groups(dup, groups, opts)

@@ -31,6 +31,7 @@ from fsdpviz.plan.options import (
 from fsdpviz.plan.tensor_parallel import TPPlan, parse_tp_mesh
 from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
 from fsdpviz.schema.config import FSDP2_KEYS, ReportConfig, TraceMode, non_default_keys
+from fsdpviz.schema.mesh import ParallelDims
 
 FSDP2_KEYWORDS = KEYWORDS["FSDP2"]
 """Every keyword ``analyze`` takes for FSDP2 (``fully_shard``'s options and fsdpviz's own)."""
@@ -134,15 +135,16 @@ class FSDP2Options:
         return dataclasses.replace(self, **changes)
 
     @property
-    def shard_ranks(self) -> int:
-        return self.shard_size or self.world_size
-
-    @property
-    def hsdp(self) -> bool:
-        """Whether ``fully_shard`` gets a 2-D mesh: torch's ``HSDPMeshInfo``, whose
-        ``foreach_reduce`` all-reduces each gradient shard over the replicate dimension,
-        one replica included (the mesh's dimensionality decides, not its size)."""
-        return self.mesh_names is not None
+    def dims(self) -> ParallelDims:
+        """The job's ranks by mesh dimension: FSDP shards a group over ``dp_shard_cp``
+        (``shard_size``, all ranks where 0), ``hsdp`` where ``fully_shard`` gets a 2-D mesh
+        (torch's ``HSDPMeshInfo``, whose ``foreach_reduce`` all-reduces each gradient shard
+        over the replicate dimension, one replica included: the mesh's dimensionality
+        decides, not its size)."""
+        shard = self.shard_size or self.world_size
+        return ParallelDims(world_size=self.world_size, dp_replicate=self.replicas,
+                            dp_shard=shard // self.cp_size, cp=self.cp_size, tp=self.tp_size,
+                            hsdp=self.mesh_names is not None)  # fmt: skip
 
     def reshard(self, group: Group) -> Group:
         """``group`` with its ``reshard_after_forward`` as these options give it for its
@@ -162,15 +164,16 @@ class FSDP2Options:
     def describe(self, groups: list[Group]) -> ReportConfig:
         """These options and the groups they made, as ``Report.config`` states them."""
         job, job_keys = self.job.config()
-        multi = self.hsdp or bool(self.tp) or self.cp_size > 1
+        dims = self.dims
+        multi = dims.hsdp or bool(self.tp) or dims.cp > 1
         mesh: dict[
             str, Any
         ] = {  # each stated where it is not a plain 1-D plan's (the config's default)
-            "shard_world_size": self.shard_ranks if multi else None,
-            "mesh": self._mesh(),
+            "shard_world_size": dims.dp_shard_cp if multi else None,
+            "mesh": self._mesh(dims),
             "tp_world_size": self.tp_size if self.tp else None,
             "parallelize_plan": self.tp.describe() if self.tp else None,
-            "cp_world_size": self.cp_size if self.cp_size > 1 else None,
+            "cp_world_size": dims.cp if dims.cp > 1 else None,
             "cpu_offload": self.offload,
         }
         accumulation: dict[str, Any] = {
@@ -194,12 +197,12 @@ class FSDP2Options:
             stated=FSDP2_KEYS + non_default_keys(mesh) + job_keys + non_default_keys(accumulation),
         )
 
-    def _mesh(self) -> dict[str, int] | None:
-        if self.mesh_dims is not None and (self.tp or self.cp_size > 1):
+    def _mesh(self, dims: ParallelDims) -> dict[str, int] | None:
+        if self.mesh_dims is not None and (self.tp or dims.cp > 1):
             return dict(self.mesh_dims)
         if self.mesh_names is None:
             return None
-        return dict(zip(self.mesh_names, (self.replicas, self.shard_ranks), strict=True))
+        return dict(zip(self.mesh_names, (dims.dp_replicate, dims.dp_shard_cp), strict=True))
 
 
 def checked_mp_policy(mp: Any) -> MixedPrecisionPolicy:

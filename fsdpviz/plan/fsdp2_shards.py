@@ -111,7 +111,7 @@ def mark_unused(
         local = [local_shape(p.shape, placements.get(p), opts.tp_size) for p in g.params]
         trains = [p.requires_grad for p in g.params]
         dims = g.shard_dims or None
-        fields = trainable_fields(fqns, local, trains, opts.shard_ranks, dims, unused)
+        fields = trainable_fields(fqns, local, trains, opts.dims.dp_shard_cp, dims, unused)
         g.schema = replace(g.schema, **fields)
 
 
@@ -244,7 +244,7 @@ def group_unit(
 ) -> Unit:
     """The unit of ``group``. Under tensor parallelism FSDP2 shards each rank's tp-local
     tensor (``FSDPParam._orig_size`` is the local size): sizes are one rank's."""
-    ws = opts.shard_ranks
+    ws = opts.dims.dp_shard_cp
     local = [local_shape(p.shape, placements.get(p), opts.tp_size) for p in group.params]
     dims = _dims(group.shard_dims, len(local))
     dtypes = {p.dtype for p in group.params}

@@ -301,12 +301,11 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     # HSDP's replicas: the ranks over neither the shard nor the tp dimension; a 2-D data
     # parallel mesh all-reduces across them, one replica included
     replayed = cfg.replace(world_size=ws, shard_world_size=shard, mesh=mesh).mesh_dims
-    hsdp = mesh is not None and replayed.hsdp
     f8 = report.config.float8 or {}
     gathered = {w for ws in float8_gathered(report).values() for w in ws}
     precomputed = bool(f8.get("precompute_float8_dynamic_scale_for_fsdp"))
     scales = weight_scales(report.units, gathered, precomputed, replayed.tp > 1)
-    runtime = FSDP2Runtime(groups, shard, replayed.dp_replicate, offload, rules, hsdp, scales)
+    runtime = FSDP2Runtime(groups, replayed, offload, rules, scales)
     fwd = changes.get("forward_prefetch", cfg.explicit_forward_prefetch or {})
     bwd = changes.get("backward_prefetch", cfg.explicit_backward_prefetch or {})
     runtime.set_prefetch(

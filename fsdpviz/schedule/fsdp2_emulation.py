@@ -68,10 +68,8 @@ def float8_scales(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> 
 def fsdp2_runtime(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> FSDP2Runtime:
     """The runtime of ``opts``' plan of ``model`` in ``groups``, its explicit prefetches set:
     what every driver of FSDP2's hooks (a trace, a stored trace, a pipeline stage) runs."""
-    runtime = FSDP2Runtime(
-        groups, opts.shard_ranks, opts.replicas, opts.offload, opts.torch, opts.hsdp,
-        float8_scales(model, groups, opts),
-    )  # fmt: skip
+    scales = float8_scales(model, groups, opts)
+    runtime = FSDP2Runtime(groups, opts.dims, opts.offload, opts.torch, scales)
     runtime.set_prefetch(
         prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
         prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),

@@ -22,6 +22,7 @@ from typing import Any, TypedDict
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.torch_fsdp import TorchFSDP, installed
 from fsdpviz.schema.events import Event, Hook
+from fsdpviz.schema.mesh import ParallelDims
 from fsdpviz.schema.report import DTYPE_SIZES, Unit
 
 
@@ -131,20 +132,18 @@ class FSDPState:
 
 
 class FSDP2Runtime:
-    """``world_size``: the ranks a group is sharded over (a 2-D mesh's shard dimension);
-    ``replicas``: its replicate dimension; ``hsdp``: whether the mesh has one (a 2-D mesh:
-    HSDP all-reduces each gradient shard across it, one replica included; default: more
-    than one replica); ``offload``: CPUOffloadPolicy (shards come from, gradients go to,
-    host memory); ``rules``: whose FSDP2 (default: the installed torch's)."""
+    """``dims``: the job's ranks by mesh dimension (a group is sharded over their
+    ``dp_shard_cp``; where ``hsdp``, a 2-D mesh, each gradient shard is all-reduced across
+    ``dp_replicate``, one replica included); ``offload``: CPUOffloadPolicy (shards come
+    from, gradients go to, host memory); ``rules``: whose FSDP2 (default: the installed
+    torch's)."""
 
     def __init__(
         self,
         groups: list[Group],
-        world_size: int,
-        replicas: int = 1,
+        dims: ParallelDims,
         offload: bool = False,
         rules: TorchFSDP | None = None,
-        hsdp: bool | None = None,
         float8: Float8Scales | None = None,
     ) -> None:
         self.rules = rules or installed()
@@ -153,9 +152,8 @@ class FSDP2Runtime:
         # running micro-step ends one
         self.scales_ready = False
         self.steps = True
-        self.states = [FSDPState(g, world_size) for g in groups]
-        self.replicas = replicas
-        self.hsdp = replicas > 1 if hsdp is None else hsdp
+        self.states = [FSDPState(g, dims.dp_shard_cp) for g in groups]
+        self.hsdp = dims.hsdp
         self.offload = offload
         self.post_forward_order: list[GroupState] = []
         self.iter_forward_root: FSDPState | None = None
