@@ -69,6 +69,7 @@ from fsdpviz.schedule.tp_implicit import (
     gathered_by_multiply,
     gathered_warning,
     implicit_warnings,
+    issued_forward,
     moves_made,
     normalised,
     partial_grad_warning,
@@ -186,6 +187,7 @@ class TPEmulation:
             frozenset(f for f, m in self.plan.modules.items() if m.base == "RowwiseParallel"),
             self._whole_grads,  # _scattered_weight adds to it
             self._sharded_dtensor,
+            self._produced.keys(),  # _batch_one adds to it, _multiplied takes from it
         )
 
     def _sharded_dtensor(self, t: torch.Tensor) -> bool:
@@ -552,11 +554,9 @@ class TPEmulation:
         (their collectives, their temporary buffers), the input's gradient's layout, and a
         ``Partial()`` weight gradient that FSDP2's post-backward reduce-scatters; the
         output's layout and the backward's at the output (:meth:`_multiplied`)."""
-        dtype, size, probe = _dtype_name(t), self.plan.size, self._probe
-        for move in m.forward:
-            self.runtime.tensor_parallel(i, move.kind, tpm.fqn, "forward", move.nbytes, dtype)
-        # the operands gathered held until the multiply has run (the module's output)
-        self._produced[tpm.fqn] = (m, moves_made(probe, m.forward, t, size))
+        where, size = (self.runtime, i, tpm.fqn, _dtype_name(t)), self.plan.size
+        # the operands gathered held until the multiply ran; its product a share meanwhile
+        self._produced[tpm.fqn] = (m, issued_forward(self._probe, m.forward, t, size, where))
         found = self._aliased(t, self._grads)
         if found is not None:
             found[1][0] = m.input_grad

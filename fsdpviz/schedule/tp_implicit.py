@@ -143,11 +143,14 @@ class Move:
         nbytes: the bytes it moves (a dim the tp ranks do not divide padded).
         shape: the operand's whole shape (the buffer it makes: whole for an all-gather, a
             rank's share for an all-to-all).
+        dim: the dim of the 2-D operand it is sharded on (1: a transpose's, the weight's
+            ``t()`` in forward).
     """
 
     kind: str
     nbytes: int
     shape: tuple[int, ...]
+    dim: int = 0
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,7 @@ def _moves(
             return None
         kind = "tp_all_gather" if dst == REPLICATE else "tp_all_to_all"
         nbytes = padded_bytes(math.prod(shape) * itemsize, torch.Size(shape), kind, src, dst, tp)
-        moves.append(Move(kind, nbytes, shape))
+        moves.append(Move(kind, nbytes, shape, (src[1] or 0) % 2))
     return tuple(moves)
 
 
@@ -280,6 +283,50 @@ def moves_made(
         share = None if move.kind == "tp_all_gather" else Fraction(1, tp)
         with probe.redistributed(share):
             made.append(like.new_empty(move.shape))
+    return made
+
+
+def issued_forward(
+    probe: CostProbe | None,
+    moves: tuple[Move, ...],
+    like: torch.Tensor,
+    tp: int,
+    where: tuple[FSDP2Runtime, int, str, str],
+) -> list[torch.Tensor]:
+    """The forward's ``moves`` issued (``where``: the runtime, the group, the module and the
+    dtype they are reported with) and the buffers they leave, which the
+    multiply frees once it has run (the caller holds them until then), as
+    ``Shard._to_replicate_tensor`` makes an all-gather's: ``_maybe_pad_tensor`` makes a
+    rank's chunk contiguous first (the weight's transpose, sharded on dim 1, is not: a copy
+    of the chunk, held while the collective is issued and until it returns);
+    ``all_gather_single`` gathers on dim 0 into a whole buffer and, on dim 1 of a matrix of
+    more than one row, puts the chunks in place by ``torch.cat`` into another
+    (``_maybe_view_chunk_cat``), letting go of the first; ``_maybe_unpad_tensor``'s
+    ``contiguous()`` then copies nothing (the result is contiguous). An all-to-all's buffer
+    is a rank's share (:func:`moves_made`)."""
+    runtime, i, fqn, dtype = where
+
+    def issue(move: Move) -> None:
+        runtime.tensor_parallel(i, move.kind, fqn, "forward", move.nbytes, dtype)
+
+    made: list[torch.Tensor] = []
+    for move in moves:
+        if probe is None or move.kind != "tp_all_gather" or move.dim == 0:
+            issue(move)
+            made += moves_made(probe, (move,), like, tp)
+            continue
+        chunk, padded = list(move.shape), list(move.shape)
+        chunk[1] = -(-chunk[1] // tp)  # the first rank's, as large as any (padded)
+        padded[1] = chunk[1] * tp
+        with probe.redistributed(None):
+            contiguous = like.new_empty(chunk)  # the chunk of the transpose, made contiguous
+            issue(move)
+            gathered = like.new_empty(padded)  # all_gather_into_tensor, on dim 0
+            placed = like.new_empty(padded) if move.shape[0] > 1 else gathered  # cat
+            del gathered, contiguous
+            if padded != list(move.shape):  # _maybe_unpad_tensor: narrow, then contiguous()
+                placed = like.new_empty(move.shape)
+        made.append(placed)
     return made
 
 

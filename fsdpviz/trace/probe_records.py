@@ -98,7 +98,8 @@ class TPShares:
     ``embedding_dense_backward`` strategies give no ``Shard(0)`` weight gradient, only a
     replicated or partial one; a batch of one's column-wise weight whose multiply DTensor
     leaves its gradient ``Partial()``, which the tensor-parallel emulation adds to the set
-    in forward, before the gradient is made)."""
+    in forward, before the gradient is made), and the modules whose forward multiply of two
+    shares gives a rank's share (:attr:`sharded_products`)."""
 
     size: int
     sharded_params: Mapping[torch.Tensor, Fraction]
@@ -107,6 +108,11 @@ class TPShares:
     # whether a tensor is (a view of) a DTensor the plan leaves sharded: logits a loss then
     # takes inside loss_parallel()
     is_dtensor: Callable[[torch.Tensor], bool] = field(default=lambda t: False)
+    # the modules whose forward multiply of two shares is a rank's share, not a whole
+    # partial sum: a batch of one's column-wise linear whose weight DTensor's mm strategy
+    # gathers (the product keeps the input's sequence sharding, Shard(0) viewed 2-D); the
+    # tensor-parallel emulation adds to it in forward, before the multiply runs
+    sharded_products: AbstractSet[str] = frozenset()
 
     def grad_bytes(self, p: torch.Tensor, n: int) -> int:
         """One rank's bytes of parameter ``p``'s gradient of ``n`` bytes: its share of the

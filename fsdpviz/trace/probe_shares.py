@@ -141,6 +141,7 @@ class ShareAccounting:
         if forward and stack and stack[-1] in self._tp.whole_outputs:
             return None
         mats = _MM.get(func)
-        if mats is not None and all(self._is_share(args[i]) for i in mats):
+        sharded = forward and stack and stack[-1] in self._tp.sharded_products
+        if mats is not None and not sharded and all(self._is_share(args[i]) for i in mats):
             return None
         return self._inputs_share((args, kwargs))
