@@ -821,7 +821,8 @@ def test_accelerates_handwritten_parallelism_config_and_its_errors() -> None:
         read(sizes, processes=8)
     with pytest.raises(ConfigError, match=r"unknown key 'parallelism_config_dp_shard'"):
         read({f"{p}dp_shard": 16})
-    with pytest.raises(ConfigError, match=r"tp_size=2.*parallelize_plan="):
+    tp = r"tp_size=2.*mesh=\(.dp_shard., 8, .tp., 2\), parallelize_plan=\{module name: \w+, \.+\}\)"
+    with pytest.raises(ConfigError, match=tp):
         read({f"{p}dp_shard_size": 8, f"{p}tp_size": 2})
     with pytest.raises(ConfigError, match=r"fsdp_version: 2"):
         read(sizes, version=1)

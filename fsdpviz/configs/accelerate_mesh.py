@@ -141,7 +141,7 @@ def accelerate_mesh(
             "plan (transformers' from_pretrained(tp_plan='auto'), its base_model_tp_plan), "
             "which fsdpviz does not read from an accelerate config; plan it with "
             f"analyze(..., mesh={dims.mesh_arg!r}, parallelize_plan={{module name: "
-            "ParallelStyle, ...}}) as that plan shards each layer, or write "
+            "ParallelStyle, ...}) as that plan shards each layer, or write "
             f"{PREFIX}tp_size: 1"
         )
     return dims
