@@ -764,3 +764,67 @@ def test_a_replicate_dimension_of_one_rank_beside_cp() -> None:
     accelerate = configuration_code(c, "accelerate")
     assert "  parallelism_config_dp_replicate_size: 1\n" in accelerate
     assert "accelerate's ParallelismConfig builds no replicate dimension of size 1" in accelerate
+
+
+@pytest.mark.parametrize(
+    "degrees",
+    [
+        {},
+        {"data_parallel_replicate_degree": 2},
+        {"data_parallel_replicate_degree": 2, "context_parallel_degree": 2},
+        {"context_parallel_degree": 2},
+    ],
+    ids=["1-D", "HSDP", "HSDP x cp", "FSDP x cp"],
+)
+def test_accelerates_parallelism_config_reads_back_as_the_same_mesh(
+    degrees: dict[str, int],
+) -> None:
+    """The accelerate YAML of a plan reads back (``from_accelerate``) as the same mesh: the
+    same ``mesh=`` / ``world_size=`` keywords and ``config.mesh_dims`` (its
+    ``parallelism_config`` was ignored, with a note, and read as plain FSDP)."""
+    source, c = _titan_planned(degrees, activation_checkpoint={"mode": "none"})
+    data = yaml.safe_load(configuration_code(c, "accelerate"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        back = fsdpviz.from_accelerate(data, source.model)
+    mesh_keys = ("mesh", "world_size")
+    assert {k: back.get(k) for k in mesh_keys} == {k: source.config.get(k) for k in mesh_keys}
+    report = fsdpviz.analyze(source.model, source.inputs, progress=False, **back)
+    assert report.config.mesh_dims == c.report.config.mesh_dims
+
+
+def test_accelerates_handwritten_parallelism_config_and_its_errors() -> None:
+    """A hand-written ``parallelism_config`` is accelerate's mesh (dimensions of more than
+    one rank, in its order); sizes whose product is not ``num_processes``, an unknown key,
+    tensor parallelism (the model's own plan) and FSDP1 are refused, naming the key and
+    the fix."""
+    from fsdpviz.errors import ConfigError
+
+    model = example_model(CONFIG, device="cpu")
+
+    def read(section: dict[str, object], processes: int = 16, version: int = 2) -> Any:
+        data = {
+            "distributed_type": "FSDP",
+            "num_processes": processes,
+            "fsdp_config": {"fsdp_version": version},
+            "parallelism_config": section,
+        }
+        return fsdpviz.from_accelerate(data, model)
+
+    p = "parallelism_config_"
+    sizes = {f"{p}dp_replicate_size": 2, f"{p}dp_shard_size": 4, f"{p}cp_size": 2}
+    assert read(sizes)["mesh"] == ("dp_replicate", 2, "dp_shard", 4, "cp", 2)
+    assert "world_size" not in read(sizes)
+    plain = read({f"{p}dp_shard_size": 16, f"{p}tp_size": 1})
+    assert plain["world_size"] == 16 and "mesh" not in plain
+    with pytest.raises(ConfigError, match=r"is 16 ranks, not num_processes 8.*dp_shard_size: 2"):
+        read(sizes, processes=8)
+    with pytest.raises(ConfigError, match=r"unknown key 'parallelism_config_dp_shard'"):
+        read({f"{p}dp_shard": 16})
+    tp = r"tp_size=2.*mesh=\(.dp_shard., 8, .tp., 2\), parallelize_plan=\{module name: \w+, \.+\}\)"
+    with pytest.raises(ConfigError, match=tp):
+        read({f"{p}dp_shard_size": 8, f"{p}tp_size": 2})
+    with pytest.raises(ConfigError, match=r"fsdp_version: 2"):
+        read(sizes, version=1)
+    with pytest.raises(ConfigError, match=r"dp_shard_size must be a whole number"):
+        read({f"{p}dp_shard_size": 0})

@@ -12,6 +12,9 @@ What ``accelerate launch`` does with each key is followed as accelerate 1.x does
 - FSDP2: ``fully_shard`` on every module the wrap policy picks (bottom-up), on the input
   embedding, on the final norm with the output embedding (``reshard_after_forward=False``),
   then on the root (torch's default resharding).
+- ``parallelism_config`` (FSDP2): the device mesh of accelerate's ``ParallelismConfig``
+  (HSDP, context parallelism), as ``analyze(mesh=...)``; tensor parallelism there applies
+  the model's own plan, which is not read (``configs/accelerate_mesh.py``).
 - ``fsdp_activation_checkpointing``: the modules the wrap policy picks are checkpointed.
 - ``mixed_precision``: ``bf16`` / ``fp16`` (``fp8`` computes in bf16) for parameters,
   reduction and buffers (FSDP1) or outputs (FSDP2).
@@ -50,6 +53,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
+from fsdpviz.configs.accelerate_mesh import accelerate_mesh
 from fsdpviz.configs.common import TrainerConfig, check_keys, module_class, note
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.option_specs import RESHARD
@@ -89,6 +93,7 @@ _LAUNCH_KEYS = {
     "machine_rank", "main_training_function", "num_machines", "num_processes", "rdzv_backend",
     "same_network", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "use_cpu", "gpu_ids",
     "main_process_ip", "main_process_port", "mixed_precision", "fsdp_config", "dynamo_config",
+    "parallelism_config",
 }  # fmt: skip
 _DYNAMO_KEYS = {
     "dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic",
@@ -108,7 +113,6 @@ _CLUSTER_KEYS = {
 _RENAMED = {"fsdp_backward_prefetch_policy": ("fsdp_backward_prefetch", (0, 27))}
 _NOT_PLANNED = {
     "fp8_config": "FP8 matmuls are not modelled (computed as bf16)",
-    "parallelism_config": "tensor/context parallel dimensions are not read from accelerate",
 }
 _STRATEGIES = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
 _PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
@@ -159,11 +163,16 @@ def from_accelerate(
     kwargs: AnalyzeKwargs = {
         "world_size": _int(data.get("num_processes", 1), "num_processes", where)
     }
+    section = data.get("parallelism_config")
     if kwargs["world_size"] < 1:
         note(notes, f"{where}: num_processes={kwargs['world_size']} leaves the number of "
                     f"processes to the launcher; planned for {DEFAULT_WORLD_SIZE} ranks (pass "
                     "world_size=N, or --world-size N, for the job's)")  # fmt: skip
         kwargs["world_size"] = DEFAULT_WORLD_SIZE
+    dims = accelerate_mesh(section, kwargs["world_size"], version, where, notes)
+    if dims is not None and len(dims.device_mesh) > 1:  # HSDP and/or cp: the mesh it builds
+        del kwargs["world_size"]
+        kwargs["mesh"] = dims.mesh_arg  # ("dp_replicate", 2, "dp_shard", 4)
     wrap = _wrap_policy(fsdp, model, where)
     if trainer and _is_peft(model):
         wrap = _peft_wrap(fsdp, model, where, version, wrap, notes)
