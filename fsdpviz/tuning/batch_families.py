@@ -18,13 +18,14 @@ from typing import Any
 from fsdpviz.replan.batch_replay import BatchCapture, batch_capture, capturable
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.retune import same_changes
+from fsdpviz.tuning.space import TuneKwargs
 
 __all__ = ["BatchFamilies"]
 
 
 @dataclass
 class _Family:
-    changes: dict[str, Any] | None = None  # the lead's replayed knobs (its trace keywords)
+    changes: TuneKwargs | None = None  # the lead's replayed knobs (its trace keywords)
     lead: Any = None  # the lead's configuration
     bases: list[tuple[int, Report]] = field(default_factory=list)
     capture: BatchCapture | None = None
@@ -45,7 +46,7 @@ class BatchFamilies:
     def __init__(self) -> None:
         self._families: dict[tuple[Any, ...], _Family] = {}
 
-    def derived(self, key: tuple[Any, ...], samples: int) -> tuple[Report, dict[str, Any]] | None:
+    def derived(self, key: tuple[Any, ...], samples: int) -> tuple[Report, TuneKwargs] | None:
         """The family's trace at ``samples`` and the replayed knobs' keywords it is made with
         (the lead's), derived; None: not two traces of it yet, or not exact (trace it)."""
         changes = self.derivable(key, samples)
@@ -55,7 +56,7 @@ class BatchFamilies:
         assert made is not None
         return made, changes
 
-    def derivable(self, key: tuple[Any, ...], samples: int) -> dict[str, Any] | None:
+    def derivable(self, key: tuple[Any, ...], samples: int) -> TuneKwargs | None:
         """The replayed knobs' keywords of the family's trace at ``samples`` where
         :meth:`derived` gives it (the lead's); None where it does not. The trace is made
         once: kept for :meth:`derived`."""
@@ -83,7 +84,7 @@ class BatchFamilies:
     def traced(
         self,
         key: tuple[Any, ...],
-        changes: dict[str, Any],
+        changes: TuneKwargs,
         config: Any,
         samples: int,
         report: Report,

@@ -27,7 +27,7 @@ from fsdpviz.replan.checkpoint_replay import checkpoint_capture
 from fsdpviz.schema.checkpointing import CheckpointEvery
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.retune import StoredTrace, same_changes
-from fsdpviz.tuning.space import Choice
+from fsdpviz.tuning.space import Choice, TuneKwargs
 
 __all__ = ["CheckpointPairs", "PairSearch", "Sibling"]
 
@@ -49,7 +49,7 @@ class PairSearch(Protocol):
         """``config``'s trace key."""
         ...
 
-    def traced_changes(self, config: Config) -> dict[str, Any]:
+    def traced_changes(self, config: Config) -> TuneKwargs:
         """The replayed knobs' keywords of ``config`` (those its trace key leaves out)."""
         ...
 
@@ -62,7 +62,7 @@ class PairSearch(Protocol):
         family derives ``key``)."""
         ...
 
-    def untraced(self, key: Key, config: Config) -> dict[str, Any] | None:
+    def untraced(self, key: Key, config: Config) -> TuneKwargs | None:
         """The keywords of the trace the search takes for ``key`` without tracing it (an
         earlier search's, or derived from its micro-batch family); None: it traces it."""
         ...
@@ -110,12 +110,12 @@ class CheckpointPairs:
 
     def derive(
         self, key: Key, config: Config, trace: Callable[[Key, Config], Any]
-    ) -> tuple[Report, dict[str, Any]] | None:
+    ) -> tuple[Report, TuneKwargs] | None:
         """The trace of ``key`` (of ``config``) and the replayed knobs' keywords it is made
         with, derived from its siblings' traces (:meth:`_pair`: the sibling missing traced
         first, ``trace``). None: trace it."""
 
-        def first(k: Key, c: Config) -> dict[str, Any] | None:
+        def first(k: Key, c: Config) -> TuneKwargs | None:
             trace(k, c)
             return self._made_with(k)
 
@@ -126,7 +126,7 @@ class CheckpointPairs:
         one, two = self.search.trace_of(k0), self.search.trace_of(k1)
         assert one is not None and two is not None
         plan = self.derived((one.report, two.report), n)
-        return None if plan is None else (plan, dict(one.changes))
+        return None if plan is None else (plan, one.changes.copy())
 
     def left_to_derive(self, todo: Batch) -> Batch:
         """``todo`` (the forked workers' batch) without the keys :meth:`derive` will derive
@@ -139,7 +139,7 @@ class CheckpointPairs:
             return out
         for key, (config, mine) in todo.items():
 
-            def first(k: Key, c: Config, mine: bool = mine) -> dict[str, Any] | None:
+            def first(k: Key, c: Config, mine: bool = mine) -> TuneKwargs | None:
                 taken = self.search.untraced(k, c)  # (derive's trace of it takes it so)
                 if taken is None and self.search.wanted(k, c):
                     out[k] = (c, mine)
@@ -150,20 +150,20 @@ class CheckpointPairs:
                 del out[key]
         return out
 
-    def _made_with(self, key: Key, batch: Batch | None = None) -> dict[str, Any] | None:
+    def _made_with(self, key: Key, batch: Batch | None = None) -> TuneKwargs | None:
         """What the search has, or will have, for ``key``: the keywords its trace is made
         with, where it is traced or in the workers' ``batch`` (its configuration's own);
         None: neither."""
         if batch is not None and key in batch:
             return self.search.traced_changes(batch[key][0])
         found = self.search.trace_of(key)
-        return None if found is None else dict(found.changes)
+        return None if found is None else found.changes.copy()
 
     def _pair(
         self,
         key: Key,
         config: Config,
-        first: Callable[[Key, Config], dict[str, Any] | None],
+        first: Callable[[Key, Config], TuneKwargs | None],
         batch: Batch | None = None,
     ) -> tuple[Sibling, Sibling, int] | None:
         """``config``'s siblings and ``n`` (``key``: its trace key) where both siblings'

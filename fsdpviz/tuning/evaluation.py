@@ -13,7 +13,7 @@ import itertools
 import multiprocessing
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from torch import nn
 
@@ -47,6 +47,7 @@ from fsdpviz.tuning.space import (
     keeps_a_cache,
     micro_batch_inputs,
     micro_batch_label,
+    precision_kwargs,
     reshard_given,
 )
 
@@ -94,7 +95,7 @@ class Evaluations:
         # every n-th block from none and each
         pairs = [] if space.pipelined else space.choices["activation_checkpointing"]
         self._checkpoints = CheckpointPairs(self, pairs)
-        self.earlier = dict(earlier or {})
+        self.earlier: dict[tuple[Any, ...], StoredTrace] = dict(earlier or {})
         self.made: dict[tuple[Any, ...], StoredTrace] = {}  # this search's traces
         self.notes: list[str] = []
         self._workers = abs(workers)
@@ -180,10 +181,8 @@ class Evaluations:
             if knob == "mesh" and self.api == "FSDP2" and "world_size" in kw:
                 kw["mesh"] = None
             changes.update(kw)
-        if self.api == "FSDP1":
-            changes = cast(
-                TuneKwargs, {k: v for k, v in changes.items() if k != "shard_group_size" or v}
-            )
+        if self.api == "FSDP1" and not changes.get("shard_group_size", True):
+            del changes["shard_group_size"]
         changes["grad_accum"] = int(config["micro_batch"].kwargs.get("grad_accum", 1))
         return changes
 
@@ -235,7 +234,7 @@ class Evaluations:
                     return None
             changes = self._replay_changes(config)
             if not own:
-                changes[option] = policy  # type: ignore[literal-required]
+                changes.update(precision_kwargs(self.api, kwargs))
             if traced and own and changes["grad_accum"] == base.config.grad_accum:
                 report = base
             else:
@@ -330,12 +329,13 @@ class Evaluations:
         with the lead's: see :mod:`fsdpviz.tuning.batch_families`)."""
         return {**config, **{k: lead[k] for k in REPLAYED[self.api] if k in lead}}
 
-    def traced_changes(self, config: Config) -> dict[str, Any]:
+    def traced_changes(self, config: Config) -> TuneKwargs:
         """The keywords ``config``'s trace is made with that its trace key leaves out: the
         replayed knobs' and the precision policy's (its reduce dtype replays)."""
-        out = {k: v for k, v in self._replay_changes(config).items() if k != "grad_accum"}
-        option = PRECISION_OPTION[self.api]
-        return {**out, option: self.space.kwargs(config).get(option)}
+        out = self._replay_changes(config)
+        del out["grad_accum"]
+        out.update(precision_kwargs(self.api, self.space.kwargs(config)))
+        return out
 
     def _reusable(self, key: tuple[Any, ...], config: Config) -> bool | None:
         """Whether an earlier search's trace of ``key`` is ``config``'s own trace (True:
@@ -430,11 +430,11 @@ class Evaluations:
         family, samples = self._batch_family(key, config)
         return family is None or self._batches.derivable(family, samples) is None
 
-    def untraced(self, key: tuple[Any, ...], config: Config) -> dict[str, Any] | None:
+    def untraced(self, key: tuple[Any, ...], config: Config) -> TuneKwargs | None:
         """The keywords of the trace :meth:`_trace` takes for ``key`` without tracing it (an
         earlier search's, or derived from its micro-batch family); None: it traces it."""
         if self._reusable(key, config) is not None:
-            return dict(self.earlier[key].changes)
+            return self.earlier[key].changes.copy()
         family, samples = self._batch_family(key, config)
         return None if family is None else self._batches.derivable(family, samples)
 

@@ -30,6 +30,7 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.topology import tp_strategies_moved
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import Report
+from fsdpviz.tuning.space import TuneKwargs
 
 __all__ = [
     "RETUNABLE",
@@ -55,10 +56,10 @@ class StoredTrace(NamedTuple):
     leaves out (the replayed knobs', the precision policy) it was made with."""
 
     report: Report
-    changes: Mapping[str, Any]
+    changes: TuneKwargs
 
 
-def same_changes(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+def same_changes(a: TuneKwargs, b: TuneKwargs) -> bool:
     """Whether two traces' keywords left out of their key (:attr:`StoredTrace.changes`) are
     the same; one without a plain ``==`` is not (its trace is replayed, as any other's)."""
     try:

@@ -114,7 +114,7 @@ def tune(
         "memory_budget": memory_budget, "knobs": knobs, "config": config,
         "exhaustive": exhaustive, "workers": workers, "progress": progress,
     }  # fmt: skip
-    return _tune(model, inputs, args, dict(kwargs), None)
+    return _tune(model, inputs, args, kwargs.copy(), None)
 
 
 class _Retuner:
@@ -127,7 +127,7 @@ class _Retuner:
         model: Any,
         inputs: Any,
         args: dict[str, Any],
-        kwargs: dict[str, Any],
+        kwargs: FSDPKwargs,
         traces: dict[tuple[Any, ...], StoredTrace],
         seen: tuple[Any, ...],
         keep: Any,
@@ -159,7 +159,7 @@ def _tune(
     model: nn.Module | Any,
     inputs: Any,
     args: dict[str, Any],
-    kwargs: dict[str, Any],
+    kwargs: FSDPKwargs,
     earlier: _Retuner | None,
 ) -> Tuning:
     """:func:`tune` with its arguments (``args``: the named ones; ``kwargs``: the
@@ -177,7 +177,7 @@ def _tune(
     check_model(model, "tune")
     if config is not None:
         source = source or _source(config)
-    given = cast(TuneKwargs, {**dict(config), **kwargs} if config is not None else dict(kwargs))
+    given: TuneKwargs = {**cast(TuneKwargs, dict(config or {})), **kwargs}
     world_sizes = _world_sizes(world_size, given)
     m = make_machine(machine) if isinstance(machine, str) else machine
     chosen_api = _api(api, given, fixed or {})

@@ -140,6 +140,13 @@ def reshard_kwargs(value: ReshardValue) -> TuneKwargs:
     return {RESHARD_KEYWORD: value}
 
 
+def precision_kwargs(api: str, kwargs: TuneKwargs) -> TuneKwargs:
+    """``api``'s precision policy as ``kwargs`` give it (``None``: not given), as keywords."""
+    if api == "FSDP1":
+        return {"mixed_precision": kwargs.get("mixed_precision")}
+    return {"mp_policy": kwargs.get("mp_policy")}
+
+
 def reshard_given(kwargs: TuneKwargs) -> ReshardValue:
     """FSDP2's resharding after forward as a configuration's keywords give it."""
     return kwargs.get(RESHARD_KEYWORD)
@@ -570,6 +577,7 @@ __all__ = [
     "micro_batch_label",
     "param_dtype",
     "pinned_knobs",
+    "precision_kwargs",
     "precision_label",
     "standard_precision",
     "standard_tp_plan",
