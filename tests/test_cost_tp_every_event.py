@@ -226,10 +226,13 @@ def test_tensor_parallel_batch_of_one_partial_weight_gradients(fake_pg: int) -> 
     - the backward's ``w1`` and ``w3`` rows (and the most since them at the row after): the
       fallback's chunk of the output's gradient along the sequence of a batch of one is
       contiguous, so ``contiguous()`` keeps it a view of the whole gathered gradient
-      (131,072 B) where NCCL's all-to-all leaves a share (32,768 B); and autograd's ``mm``
-      backward makes the weight's gradient before the input's (32,768 B more at the
-      weight's backward all-gather), which the plan, reporting both at the output's
-      gradient, does not follow."""
+      (131,072 B) where NCCL's all-to-all leaves a share (32,768 B). At ``w3``'s backward
+      all-gather of its weight the bytes in use differ by that alone (98,304 B): autograd's
+      ``MmBackward0`` computes the weight's gradient (``Partial()``, whole: 32,768 B) before
+      the input's, whose ``mm`` gathers the weight, and the plan holds it there as torch
+      does (before, it reported the all-gather as the output's gradient arrived, before
+      either ``mm``: 131,072 B apart). At ``w1``'s rows the figures differ by 49,152 B
+      besides that view (the plan holding more): not explained yet, left unchecked."""
     assert fake_pg == 4
     (real, real_peak), (mine, peak, tags) = (
         _measured("none", None, True),
@@ -254,4 +257,10 @@ def test_tensor_parallel_batch_of_one_partial_weight_gradients(fake_pg: int) -> 
                                                       or i == first)))
     ]  # fmt: skip
     assert not differ, (len(mine), differ)
+    grad = BATCH_ONE_SEQ * BATCH_ONE["hidden"] * 4  # the output's gradient, whole
+    view = grad - grad // fake_pg  # the fallback's view of it, less NCCL's share
+    weight_gathers = [real[i][2] - mine[i][2] for i, (_, m) in enumerate(tags)
+                      if behind[i] and (m or "").endswith(".w3")
+                      and mine[i][0] == "tp_all_gather"]  # fmt: skip
+    assert weight_gathers == [view] * 2, weight_gathers  # each block's
     assert peak == real_peak

@@ -65,12 +65,14 @@ from fsdpviz.schedule.tp_float8 import Float8AmaxReduces, Float8GradCast, amax_r
 from fsdpviz.schedule.tp_flow import DTensorFlow, GradCollective, aliased
 from fsdpviz.schedule.tp_implicit import (
     BatchOneMultiply,
+    Move,
     batch_one_multiply,
     gathered_by_multiply,
     gathered_warning,
     implicit_warnings,
     issued_forward,
     moves_made,
+    multiplied_backward,
     normalised,
     partial_grad_warning,
     scatter_partial_weight,
@@ -576,9 +578,9 @@ class TPEmulation:
         self, tpm: TPModule, i: int, output: torch.Tensor
     ) -> tuple[Layout | None, torch.Tensor]:
         """The layout of a batch of one's product (:meth:`_batch_one`), None for another
-        module's, and ``output`` hooked so that the backward's two multiplies (the input's
-        gradient, then the weight's: what of them needs one) report their redistributed
-        operands and make their temporaries when its gradient reaches them."""
+        module's, and ``output`` hooked so that the backward's two multiplies (the weight's
+        gradient, then the input's, as autograd runs them: :func:`multiplied_backward`)
+        report their redistributed operands and make their temporaries as torch does."""
         made = self._produced.pop(tpm.fqn, None)
         if made is None:
             return None, output
@@ -586,15 +588,13 @@ class TPEmulation:
         if not m.backward or not (output.requires_grad and torch.is_grad_enabled()):
             return m.output, output
 
-        def report() -> None:
-            for move in m.backward:
+        def report(moves: tuple[Move, ...]) -> None:
+            for move in moves:
                 self.runtime.tensor_parallel(i, move.kind, tpm.fqn, "backward", move.nbytes, dtype)
 
-        def back_copy(g: torch.Tensor) -> torch.Tensor:
-            moves_made(probe, m.backward, g, size)
-            return g
-
-        hooked: torch.Tensor = GradCollective.apply(report, None, back_copy, output)  # type: ignore[no-untyped-call]
+        w = getattr(self._model.get_submodule(tpm.fqn), "weight", None)
+        back_copy = multiplied_backward(probe, m, getattr(w, "requires_grad", False), report, size)
+        hooked: torch.Tensor = GradCollective.apply(lambda: None, None, back_copy, output)  # type: ignore[no-untyped-call]
         return m.output, hooked
 
     def implicit_warnings(self) -> list[FsdpWarning]:

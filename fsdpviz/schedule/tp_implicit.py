@@ -163,8 +163,10 @@ class BatchOneMultiply:
         forward: the operands the forward's ``mm`` redistributes, in order.
         output: the layout of the linear's output (``Shard(-1)``, or ``Shard(d)`` where the
             weight was gathered: the output keeps the input's sequence sharding).
-        backward: the operands the backward's two ``mm`` redistribute, the input's gradient's
-            (``mm_mat1_backward``) first, then the weight's (``mm_mat2_backward``).
+        weight_backward: the operands the backward's ``mm`` for the weight's gradient
+            (``mm_mat2_backward``) redistributes, which autograd runs first (below).
+        input_backward: the operands the ``mm`` for the input's gradient
+            (``mm_mat1_backward``) redistributes, after.
         input_grad: the layout the input's gradient comes back in.
         weight_grad_partial: whether the weight's gradient is ``Partial()`` (FSDP2's
             ``_get_grad_inner_tensor`` reduce-scatters it back to ``Shard(0)``).
@@ -176,10 +178,22 @@ class BatchOneMultiply:
 
     forward: tuple[Move, ...]
     output: Layout
-    backward: tuple[Move, ...]
+    weight_backward: tuple[Move, ...]
+    input_backward: tuple[Move, ...]
     input_grad: Layout
     weight_grad_partial: bool
     topology_dependent: bool = False
+
+    @property
+    def backward(self) -> tuple[Move, ...]:
+        """The backward's redistributed operands in torch's order: autograd's generated
+        ``MmBackward0::apply`` computes ``mat2``'s gradient (``mm_mat2_backward``: the
+        weight's, ``mat2`` being the weight's ``t()``) before ``self``'s
+        (``mm_mat1_backward``: the input's), as a dispatch log of a real run shows (the
+        ``mm`` of the output's gradient's transpose and the saved input first). Each ``mm``
+        redistributes its own operands in DTensor's dispatch
+        (``redistribute_local_args``) as it runs."""
+        return self.weight_backward + self.input_backward
 
 
 def _moves(
@@ -244,9 +258,10 @@ def batch_one_multiply(
     grad = fwd.output  # the output's gradient, 2-D, as the product was
     backward: tuple[Move, ...] | None = ()
     grads = torch.is_grad_enabled()
-    if t.requires_grad and grads:  # the input's gradient (mm_mat1_backward) first
+    if t.requires_grad and grads:  # the input's gradient (mm_mat1_backward)
         backward = _moves([((rows, out), grad, gi.inputs[0]),
                            ((out, features), s0, gi.inputs[1])], size, tp)  # fmt: skip
+    more: tuple[Move, ...] = ()  # the weight's gradient's (mm_mat2_backward)
     partial = False
     if weight.requires_grad and grads:
         grad_t: Layout = s0 if grad == s1 else s1
@@ -254,20 +269,52 @@ def batch_one_multiply(
         gw = mm_choice(*asked[-1], dtype, tp, gpus_per_node)
         if gw is None or gw.output not in (s0, PARTIAL):
             return None
-        more = _moves([((out, rows), grad_t, gw.inputs[0]),
-                       ((rows, features), s0, gw.inputs[1])], size, tp)  # fmt: skip
-        if more is None:
+        found = _moves([((out, rows), grad_t, gw.inputs[0]),
+                        ((rows, features), s0, gw.inputs[1])], size, tp)  # fmt: skip
+        if found is None:
             return None
-        backward = None if backward is None else backward + more
-        partial = gw.output == PARTIAL
+        more, partial = found, gw.output == PARTIAL
     if forward is None or backward is None or gi.output not in (s0, PARTIAL):
         return None
     sequence: Layout = ("shard", d)
     return BatchOneMultiply(
-        forward, sequence if fwd.output == s0 else ("shard", -1), backward,
+        forward, sequence if fwd.output == s0 else ("shard", -1), more, backward,
         sequence if gi.output == s0 else PARTIAL, partial,
         any(topology_dependent(a, b, dtype, tp, gpus_per_node) for a, b in asked),
     )  # fmt: skip
+
+
+def multiplied_backward(
+    probe: CostProbe | None,
+    m: BatchOneMultiply,
+    weight_grad: bool,
+    report: Any,
+    size: int,
+) -> Any:
+    """What a batch of one's multiply (``m``) does in backward from its output's gradient
+    on, in torch's order (:attr:`BatchOneMultiply.backward`): the weight's gradient's
+    operands redistributed (``report(moves)``: their collectives; their temporaries made)
+    as the gradient reaches the multiply, then the ``mm`` for the weight's gradient (when
+    ``weight_grad``: the weight takes one), then the input's gradient's operands, before the
+    ``mm`` for it, which the probe runs (:meth:`~fsdpviz.trace.probe.CostProbe.
+    before_backward_mm`): the weight's gradient held by then, as torch holds it. The
+    function to hook on the output's gradient (``GradCollective``'s copy)."""
+
+    def back_copy(g: torch.Tensor) -> torch.Tensor:
+        report(m.weight_backward)
+        moves_made(probe, m.weight_backward, g, size)
+
+        def input_side() -> None:
+            report(m.input_backward)
+            moves_made(probe, m.input_backward, g, size)
+
+        if probe is None or not m.input_backward:
+            input_side()
+        else:
+            probe.before_backward_mm(1 if weight_grad else 0, input_side)
+        return g
+
+    return back_copy
 
 
 def moves_made(

@@ -41,6 +41,8 @@ class ShareAccounting:
         self._held: bool | Fraction | None = None  # inside held_as(): the outputs' layout
         # told of each all-reduce loss_parallel()'s handlers run (tensor parallelism's plan)
         self.on_all_reduce: Callable[[torch.Tensor], None] | None = None
+        # [mms to let run, what to do then]: before_backward_mm
+        self._mm_waits: list[list[Any]] = []
 
     def _step_shares(self) -> None:
         """A step starts: one rank holds shares of the parameters the plan shards and of the
@@ -71,6 +73,23 @@ class ShareAccounting:
             yield
         finally:
             self._held = before
+
+    def before_backward_mm(self, skip: int, do: Callable[[], None]) -> None:
+        """Run ``do`` before the backward's ``aten.mm`` after the next ``skip`` of them: a
+        multiply's backward (autograd's ``MmBackward0``) runs its two ``mm`` in one node, no
+        hook between them."""
+        self._mm_waits.append([skip, do])
+
+    def _backward_mm(self) -> None:
+        """A backward ``aten.mm`` is about to run: what :meth:`before_backward_mm` left for
+        it, done."""
+        due = [w for w in self._mm_waits if w[0] == 0]
+        for w in self._mm_waits:
+            w[0] -= 1
+        self._mm_waits = [w for w in self._mm_waits if w[0] >= 0]
+        with self:  # type: ignore[attr-defined]  # (the probe: what ``do`` makes, counted)
+            for _, do in due:
+                do()
 
     def _whole(self, t: torch.Tensor) -> Any:
         """An all-reduce of ``t`` (told to :attr:`on_all_reduce`): its new buffer (whole, no
