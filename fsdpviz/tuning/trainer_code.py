@@ -166,7 +166,6 @@ _FSDP1_RESHARD = {
     "HYBRID_SHARD": "always",
     "SHARD_GRAD_OP": "never",
     "_HYBRID_SHARD_ZERO2": "never",
-    "HYBRID_SHARD_ZERO2": "never",
 }
 
 _REPLICATE_OF_ONE = (
@@ -181,11 +180,7 @@ def _every_nth(spec: object) -> int | None:
     ``selective_ac_option = "<n>"`` says it: :class:`CheckpointEvery`'s ``every``, or the
     number of the :class:`~fsdpviz.configs.torchtitan_plan.EveryNthBlock` its reader makes
     (``0``: every block); ``None`` for any other checkpointing."""
-    if isinstance(spec, CheckpointEvery):
-        return spec.every
-    if isinstance(spec, EveryNthBlock):
-        return spec.every
-    return None
+    return spec.every if isinstance(spec, (CheckpointEvery, EveryNthBlock)) else None
 
 
 def titan_degrees(cfg: ReportConfig) -> ParallelDims:
