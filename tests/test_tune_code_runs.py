@@ -702,8 +702,9 @@ def test_accelerates_config_names_the_mesh_and_the_blocks(
 ) -> None:
     """accelerate's ``parallelism_config`` gives an HSDP, TP or cp plan's mesh (it wrote
     plain FSDP over ``num_processes``), and accelerate's own loader and
-    ``ParallelismConfig`` take it; the units of a torchtitan-style list of names are each
-    block, ``TRANSFORMER_BASED_WRAP`` of its class (it wrote ``NO_WRAP``)."""
+    ``ParallelismConfig`` take it; the units of a torchtitan-style list of names are
+    ``TRANSFORMER_BASED_WRAP`` of the classes all of whose modules are units (it wrote
+    ``NO_WRAP``): each block and the embedding; the head's unit of two modules is no class's."""
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.parallelism_config import ParallelismConfig
 
@@ -711,8 +712,8 @@ def test_accelerates_config_names_the_mesh_and_the_blocks(
     text = configuration_code(c, "accelerate")
     fsdp = yaml.safe_load(text)["fsdp_config"]
     assert fsdp["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
-    assert fsdp["fsdp_transformer_layer_cls_to_wrap"] == "TransformerBlock"
-    assert "units 'tok_embeddings', 'norm, output' join the root's unit there" in text
+    assert fsdp["fsdp_transformer_layer_cls_to_wrap"] == "Embedding,TransformerBlock"
+    assert "the plan's units 'norm, output' join the root's unit there" in text
     parallel = yaml.safe_load(text).get("parallelism_config")
     if sizes is None:
         assert parallel is None
@@ -728,6 +729,65 @@ def test_accelerates_config_names_the_mesh_and_the_blocks(
     mesh = ParallelismConfig(**{k.removeprefix("parallelism_config_"): v
                                 for k, v in parallel.items() if k.endswith("_size")})  # fmt: skip
     assert mesh.total_size == 8
+
+
+class _Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.proj(x))
+
+
+class _Decoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(32, 64), nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+class _EncoderDecoder(nn.Module):
+    """Three encoder blocks, then two decoder blocks of another class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(64, 32)
+        self.encoder = nn.ModuleList(_Encoder() for _ in range(3))
+        self.decoder = nn.ModuleList(_Decoder() for _ in range(2))
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        for block in [*self.encoder, *self.decoder]:
+            x = block(x)
+        return cast(torch.Tensor, self.head(x))
+
+
+@pytest.mark.parametrize("api", ["FSDP1", "FSDP2"])
+def test_accelerates_wrap_list_names_every_block_class(api: str) -> None:
+    """A plan that wraps the blocks of two classes (3 encoders, 2 decoders) is
+    ``TRANSFORMER_BASED_WRAP`` of both, and reads back as the same units; it named the
+    more frequent class only, and put the decoders in the root's unit."""
+    kwargs: dict[str, Any] = (
+        {"auto_wrap_policy": ModuleWrapPolicy({_Encoder, _Decoder})}
+        if api == "FSDP1"
+        else {"fully_shard": [_Encoder, _Decoder]}
+    )
+    c = planned(_EncoderDecoder(), _ids(64, seq=8), **kwargs)
+    text = configuration_code(c, "accelerate")
+    fsdp = yaml.safe_load(text)["fsdp_config"]
+    assert fsdp["fsdp_transformer_layer_cls_to_wrap"] == "_Encoder,_Decoder"
+    assert "join the root's unit" not in text
+    back = fsdpviz.from_accelerate(yaml.safe_load(text), _EncoderDecoder())
+    report = fsdpviz.analyze(_EncoderDecoder(), _ids(64, seq=8), progress=False, **back)
+    assert [u.module for u in report.units] == [u.module for u in c.report.units]
+    assert [u.module for u in c.report.units][1:] == [
+        "encoder.0", "encoder.1", "encoder.2", "decoder.0", "decoder.1"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections import Counter
 from collections.abc import Mapping
 
 import torch
@@ -302,24 +301,30 @@ def _accelerate_mesh(cfg: ReportConfig, notes: list[str]) -> list[str]:
 
 
 def _block_name(c: Candidate, notes: list[str]) -> str:
-    """The class accelerate's ``TRANSFORMER_BASED_WRAP`` wraps: the wrap knob's block, or
-    the classes of most of the plan's units below the root (a torchtitan-style list of
-    names: each block), with a note naming the units of other classes."""
+    """The classes accelerate's ``TRANSFORMER_BASED_WRAP`` wraps: the wrap knob's block, or
+    each class all of whose modules are units of their own in the plan (it wraps every
+    module of a class it names), with a note naming the units it leaves to the root's."""
     wrap = c.knobs.get("wrap", "")
     m = re.match(r"each (\w+)", wrap)
     if m:
         return m.group(1)
-    units = [u for u in c.report.units if u.module and u.module_class]
-    counts = Counter(u.module_class for u in units)
-    if not counts:
-        return ""
-    most = max(counts.values())
-    blocks = [name for name, n in counts.items() if n == most]  # the children of each block
-    others = [u.module for u in units if u.module_class not in blocks]
+    units = [u.module for u in c.report.units if u.module]
+    alone = set(units)
+    by_class: dict[str, list[str]] = {}
+    for info in c.report.modules:
+        if info.fqn:
+            by_class.setdefault(info.module_class, []).append(info.fqn)
+    blocks = [k for k, fqns in by_class.items() if all(f in alone for f in fqns)]
+    wrapped = {f for k in blocks for f in by_class[k]}
+    others = [u for u in units if u not in wrapped]
     if others:
+        each = " and each ".join(blocks)
         notes.append(
-            f"fsdp_transformer_layer_cls_to_wrap wraps each {' and each '.join(blocks)}; "
-            f"the plan's units {', '.join(map(repr, others))} join the root's unit there"
+            f"fsdp_transformer_layer_cls_to_wrap wraps each {each}; the plan's units "
+            f"{', '.join(map(repr, others))} join the root's unit there"
+            if blocks
+            else f"the plan's units {', '.join(map(repr, others))} are no class's modules; "
+            "accelerate wraps none of them"
         )
     return ",".join(blocks)
 
