@@ -138,6 +138,31 @@ def padded_bytes(
     return nbytes if numel == 0 else nbytes // numel * math.prod(whole)
 
 
+def all_to_all_buffers(
+    probe: CostProbe, t: torch.Tensor, src: Layout, dst: Layout, tp: int
+) -> torch.Tensor:
+    """The all-to-all of ``t`` from ``Shard(g)`` to ``Shard(s)`` (dims the tp ranks divide)
+    as the kernel of ``_dtensor::shard_dim_alltoall`` makes it on a GPU (``Functional.cpp``;
+    the CPU's fallback gathers instead): the rank's tensor viewed with ``s`` split into the
+    ranks' chunks, those moved to the front and made contiguous (a copy unless every dim
+    before ``s`` is 1), a receiving buffer as large (``empty_like``), that moved back along
+    ``g`` and made contiguous (a copy unless every dim before ``g`` is 1, ``s`` counted as a
+    rank's chunk), viewed as the result. The kernel holds the three until it returns, the
+    result alone after: at a batch of one either the send or the result is a view, so it
+    holds two shares, three at a larger batch."""
+    g, s = (src[1] or 0) % t.dim(), (dst[1] or 0) % t.dim()
+    local = list(t.shape)
+    local[g] //= tp
+    moved = list(local)
+    moved[s] //= tp
+    with probe.redistributed(share_of(t, dst, tp)):
+        sent = t.clone() if math.prod(local[:s]) > 1 else None  # held until it returns
+        received = t.new_empty(t.shape)
+        out = received.clone() if math.prod(moved[:g]) > 1 else received
+    del sent, received
+    return out
+
+
 def collective_buffer(
     probe: CostProbe | None, collective: str | None, src: Layout, dst: Layout, ndim: int, tp: int
 ) -> Copy:
@@ -161,6 +186,8 @@ def collective_buffer(
     )
 
     def make(t: torch.Tensor) -> torch.Tensor:
+        if collective == "tp_all_to_all" and not (uneven(t, src, tp) or uneven(t, dst, tp)):
+            return all_to_all_buffers(probe, t, src, dst, tp)
         if collective == "tp_all_gather" and uneven(t, src, tp):
             return gathered_padded(probe, t, src, tp)
         if collective == "tp_reduce_scatter" and uneven(t, dst, tp):
