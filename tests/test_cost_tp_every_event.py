@@ -52,7 +52,7 @@ from fsdpviz.schedule.tp_mm_strategy import GPUS_PER_NODE
 SIZES = {"vocab": 64, "dim": 64, "n_heads": 2, "hidden": 128, "layers": 2}
 BATCH_ONE = {**SIZES, "n_heads": 4}  # on 4 tp ranks
 BATCH_ONE_SEQ = 256  # DTensor gathers the weight, the smaller operand, in forward
-HIDDEN = BATCH_ONE["hidden"]
+UNEVEN_SEQ = 254  # chunked 64, 64, 64, 62 over the 4 tp ranks
 Seen = list[tuple[Any, ...]]  # (kind, unit or bytes, bytes in use after it, most since before)
 Step = tuple[Seen, int]  # the steady step's events and its peak
 
@@ -69,8 +69,8 @@ class _NormedAttention(tp_models.Attention):
 
 
 def _build(norm: str, batch_one: int = 0) -> tp_models.Llama:
-    """``batch_one``: the batch of one's model, with feed-forwards of that hidden size."""
-    model = tp_models.Llama(**({**BATCH_ONE, "hidden": batch_one} if batch_one else SIZES))
+    """``batch_one``: the batch of one's model (a sequence of that length)."""
+    model = tp_models.Llama(**(BATCH_ONE if batch_one else SIZES))
     if norm != "none":
         for block in model.layers.values():
             block.attention = _NormedAttention(SIZES["dim"], SIZES["n_heads"], norm)
@@ -87,10 +87,12 @@ def _plan(norm: str) -> dict[str, Any]:
     return plan
 
 
-def _batch_one_plan() -> dict[str, Any]:
+def _batch_one_plan(seq: int) -> dict[str, Any]:
     """torchtitan's plan with each feed-forward's sequence-sharded input left to its
-    column-wise linears (its declared layouts equal: no redistribution)."""
-    plan = tp_models.whole_plan()
+    column-wise linears (its declared layouts equal: no redistribution); for a sequence
+    the tp ranks do not divide, with the residual stream kept a DTensor
+    (:func:`tp_models.dtensor_plan`), which runs it."""
+    plan = tp_models.dtensor_plan() if seq % 4 else tp_models.whole_plan()
     plan["layers.*.feed_forward"] = PrepareModuleInput(
         input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=False
     )
@@ -98,7 +100,7 @@ def _batch_one_plan() -> dict[str, Any]:
 
 
 def _ids(batch_one: int = 0) -> torch.Tensor:
-    shape = (1, BATCH_ONE_SEQ) if batch_one else (2, 8)
+    shape = (1, batch_one) if batch_one else (2, 8)
     return torch.randint(0, SIZES["vocab"], shape, generator=torch.Generator().manual_seed(0))
 
 
@@ -107,7 +109,7 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
 
 
 def _measured(norm: str, mp: Any, batch_one: int = 0, nccl: bool = False) -> Step:
-    """``batch_one``: a batch of one's model (:func:`_build`), dp_shard 1 x tp 4,
+    """``batch_one``: a batch of one of that sequence length, dp_shard 1 x tp 4,
     :func:`_batch_one_plan`, DTensor's cost model weighing the tp group as on a GPU node of
     8, as the plan does; ``nccl``: DTensor's all-to-all as a GPU runs it
     (:func:`_nccl_all_to_all`)."""
@@ -120,7 +122,7 @@ def _measured(norm: str, mp: Any, batch_one: int = 0, nccl: bool = False) -> Ste
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp_shard", "tp"))
     torch.manual_seed(0)
     model = _build(norm, batch_one)
-    parallelize_module(model, mesh["tp"], _batch_one_plan() if batch_one else _plan(norm))
+    parallelize_module(model, mesh["tp"], _batch_one_plan(batch_one) if batch_one else _plan(norm))
     options = {"mp_policy": mp} if mp is not None else {}
     for (name,) in tp_models.LAYERS:
         fully_shard(model.get_submodule(name), mesh=mesh["dp_shard"], **options)
@@ -202,7 +204,7 @@ def _planned(norm: str, mp: Any, batch_one: int = 0) -> tuple[Seen, int, list[An
     report = fsdpviz.analyze(
         model, _ids(batch_one), fully_shard=tp_models.LAYERS,
         mesh=("dp_shard", 1, "tp", 4) if batch_one else ("dp_shard", 2, "tp", 2),
-        parallelize_plan=_batch_one_plan() if batch_one else _plan(norm), loss=_loss,
+        parallelize_plan=_batch_one_plan(batch_one) if batch_one else _plan(norm), loss=_loss,
         progress=False, **options,
     )  # fmt: skip
     mem = memory_model(report, optimizer=None, iteration=1)
@@ -234,14 +236,14 @@ def test_tensor_parallel_events_and_memory_at_every_event(
     assert peak == real_peak
 
 
-def _batch_one(hidden: int = HIDDEN) -> tuple[Step, tuple[Seen, int, list[Any]]]:
+def _batch_one(seq: int = BATCH_ONE_SEQ) -> tuple[Step, tuple[Seen, int, list[Any]]]:
     """The batch of one measured, DTensor's all-to-all as a GPU runs it
     (:func:`_nccl_all_to_all`), and planned, DTensor's strategies asked afresh (the plan's
     first multiply asks them as it is traced)."""
     from fsdpviz.schedule.tp_mm_strategy import mm_choice
 
     mm_choice.cache_clear()
-    return _measured("none", None, hidden, nccl=True), _planned("none", None, hidden)
+    return _measured("none", None, seq, nccl=True), _planned("none", None, seq)
 
 
 def test_tensor_parallel_batch_of_one_partial_weight_gradients(fake_pg: int) -> None:
@@ -284,6 +286,31 @@ def test_tensor_parallel_batch_of_one_partial_weight_gradients(fake_pg: int) -> 
     assert peak == real_peak
 
 
+def test_tensor_parallel_batch_of_one_uneven_sequence(fake_pg: int) -> None:
+    """The batch of one with a sequence the 4 tp ranks do not divide (254: chunks of 64,
+    64, 64, 62; the residual stream a DTensor, which runs it), DTensor's all-to-all as a GPU
+    runs it. DTensor pads the sequence to chunks as large as the first rank's, whose own
+    chunk needs none. Every row agrees, both figures, and the peak:
+
+    - a reduce-scatter onto the sequence (the embedding's, each row-wise linear's) holds,
+      as it is issued, the short chunk padded (16,384 B) and the chunks' ``torch.cat``, the
+      padded whole (65,536 B), which ``Shard._reduce_shard_tensor`` makes before it calls
+      the functional collective (before, the plan made them after: 81,920 B low there);
+    - an all-to-all off the sequence (forward) gathers it padded, 256 rows: its result is a
+      ``narrow`` of that buffer (``_unpad_for_new_shard_dim``), which holds all of it (256 B
+      more than 254 rows, each ``w1``'s and ``w3``'s until its backward);
+    - an all-to-all onto the sequence (backward) pads the rank's tensor first
+      (``_pad_for_new_shard_dim``: a copy, 32,768 B held as it is issued), and the kernel's
+      buffers are as large."""
+    assert fake_pg == 4
+    (real, real_peak), (mine, peak, _) = _batch_one(UNEVEN_SEQ)
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
+    assert ("tp_all_to_all", BATCH_ONE_SEQ * BATCH_ONE["hidden"] * 4) in [e[:2] for e in mine]
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
+    assert not differ, (len(mine), differ)
+    assert peak == real_peak
+
+
 def test_tensor_parallel_batch_of_one_on_the_cpu_fallback(fake_pg: int) -> None:
     """The same step with DTensor's all-to-all as the CPU runs it (``shard_dim_alltoall``'s
     fallback: an all-gather, then a rank's chunk made contiguous), which a GPU's does not:
@@ -295,8 +322,8 @@ def test_tensor_parallel_batch_of_one_on_the_cpu_fallback(fake_pg: int) -> None:
     from the all-to-all to the ``mm`` after that all-gather. The plan is a GPU's."""
     assert fake_pg == 4
     (real, real_peak), (mine, peak, tags) = (
-        _measured("none", None, HIDDEN),
-        _planned("none", None, HIDDEN),
+        _measured("none", None, BATCH_ONE_SEQ),
+        _planned("none", None, BATCH_ONE_SEQ),
     )
     on_cpu = {"tp_all_to_all": "tp_all_gather"}
     assert [e[:2] for e in real] == [(on_cpu.get(e[0], e[0]), e[1]) for e in mine]
