@@ -1,9 +1,11 @@
 """The buffers DTensor's collectives make on a tp rank, for
 :class:`~fsdpviz.schedule.tp_emulation.TPEmulation`: a sharded dim the tp ranks do not
 divide padded to chunks as large as the first (:func:`padded_bytes`, :func:`gathered_padded`,
-:func:`scattered_padded`), the share a rank holds (:func:`share_of`), when an all-gather's
-result is a view of its buffer (:func:`viewable`), and a row-wise embedding's masked indices
-and mask (:func:`masked_ids`)."""
+:func:`scattered_padded`), an all-to-all's buffers as a GPU's kernel makes them
+(:func:`all_to_all_buffers`), the share a rank holds (:func:`share_of`), when an
+all-gather's result is a view of its buffer (:func:`viewable`), each collective reported as
+DTensor issues it, after the buffers it makes before (:func:`issuing_buffer`), and a row-wise
+embedding's masked indices and mask (:func:`masked_ids`)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ Issue = Callable[[], None] | None  # a collective reported as DTensor issues it
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 
 __all__ = [
+    "all_to_all_buffers",
     "gathered_padded",
     "issuing_buffer",
     "masked_ids",
