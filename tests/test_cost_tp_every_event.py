@@ -25,8 +25,9 @@ whose dispatch holds the partial one until the operator has run.
 A batch of one on 4 tp ranks, each feed-forward's sequence-sharded input left to its
 column-wise linears: DTensor's ``mm`` strategies leave their weights' gradients
 ``Partial()``, whole on the rank until FSDP's post-backward reduce-scatters each to its
-chunk. The CPU runs DTensor's all-to-all as an all-gather and a chunk, so there the
-figures its buffers reach are not compared (named in the test).
+chunk. The CPU runs DTensor's all-to-all as an all-gather and a chunk; the run compared
+runs it as a GPU does instead (``_dtensor::shard_dim_alltoall``'s kernel, its buffers made
+by the same ATen operators), and the CPU's fallback is compared apart.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from fsdpviz.schedule.tp_mm_strategy import GPUS_PER_NODE
 SIZES = {"vocab": 64, "dim": 64, "n_heads": 2, "hidden": 128, "layers": 2}
 BATCH_ONE = {**SIZES, "n_heads": 4}  # on 4 tp ranks
 BATCH_ONE_SEQ = 256  # DTensor gathers the weight, the smaller operand, in forward
+UNEVEN_SEQ = 254  # chunked 64, 64, 64, 62 over the 4 tp ranks
 Seen = list[tuple[Any, ...]]  # (kind, unit or bytes, bytes in use after it, most since before)
 Step = tuple[Seen, int]  # the steady step's events and its peak
 
@@ -66,7 +68,8 @@ class _NormedAttention(tp_models.Attention):
                                F.rms_norm(x, shape))  # fmt: skip
 
 
-def _build(norm: str, batch_one: bool = False) -> tp_models.Llama:
+def _build(norm: str, batch_one: int = 0) -> tp_models.Llama:
+    """``batch_one``: the batch of one's model (a sequence of that length)."""
     model = tp_models.Llama(**(BATCH_ONE if batch_one else SIZES))
     if norm != "none":
         for block in model.layers.values():
@@ -84,18 +87,20 @@ def _plan(norm: str) -> dict[str, Any]:
     return plan
 
 
-def _batch_one_plan() -> dict[str, Any]:
+def _batch_one_plan(seq: int) -> dict[str, Any]:
     """torchtitan's plan with each feed-forward's sequence-sharded input left to its
-    column-wise linears (its declared layouts equal: no redistribution)."""
-    plan = tp_models.whole_plan()
+    column-wise linears (its declared layouts equal: no redistribution); for a sequence
+    the tp ranks do not divide, with the residual stream kept a DTensor
+    (:func:`tp_models.dtensor_plan`), which runs it."""
+    plan = tp_models.dtensor_plan() if seq % 4 else tp_models.whole_plan()
     plan["layers.*.feed_forward"] = PrepareModuleInput(
         input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=False
     )
     return plan
 
 
-def _ids(batch_one: bool = False) -> torch.Tensor:
-    shape = (1, BATCH_ONE_SEQ) if batch_one else (2, 8)
+def _ids(batch_one: int = 0) -> torch.Tensor:
+    shape = (1, batch_one) if batch_one else (2, 8)
     return torch.randint(0, SIZES["vocab"], shape, generator=torch.Generator().manual_seed(0))
 
 
@@ -103,9 +108,11 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
     return out.float().square().mean()
 
 
-def _measured(norm: str, mp: Any, batch_one: bool = False) -> Step:
-    """``batch_one``: dp_shard 1 x tp 4, :func:`_batch_one_plan`, DTensor's cost model
-    weighing the tp group as on a GPU node of 8, as the plan does."""
+def _measured(norm: str, mp: Any, batch_one: int = 0, nccl: bool = False) -> Step:
+    """``batch_one``: a batch of one of that sequence length, dp_shard 1 x tp 4,
+    :func:`_batch_one_plan`, DTensor's cost model weighing the tp group as on a GPU node of
+    8, as the plan does; ``nccl``: DTensor's all-to-all as a GPU runs it
+    (:func:`_nccl_all_to_all`)."""
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -115,7 +122,7 @@ def _measured(norm: str, mp: Any, batch_one: bool = False) -> Step:
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp_shard", "tp"))
     torch.manual_seed(0)
     model = _build(norm, batch_one)
-    parallelize_module(model, mesh["tp"], _batch_one_plan() if batch_one else _plan(norm))
+    parallelize_module(model, mesh["tp"], _batch_one_plan(batch_one) if batch_one else _plan(norm))
     options = {"mp_policy": mp} if mp is not None else {}
     for (name,) in tp_models.LAYERS:
         fully_shard(model.get_submodule(name), mesh=mesh["dp_shard"], **options)
@@ -144,6 +151,8 @@ def _measured(norm: str, mp: Any, batch_one: bool = False) -> Step:
     ):
         for name in _FUNCOL:
             patches.enter_context(patch.object(funcol, name, tp(name, log)))
+        if nccl:
+            patches.enter_context(_nccl_all_to_all(log))
         for step in range(2):
             if step == 1:
                 log.restart()
@@ -158,7 +167,35 @@ def _measured(norm: str, mp: Any, batch_one: bool = False) -> Step:
     return seen, max(tail[3], *(e[3] for e in seen))
 
 
-def _planned(norm: str, mp: Any, batch_one: bool = False) -> tuple[Seen, int, list[Any]]:
+def _nccl_all_to_all(log: EventLog) -> Any:
+    """DTensor's all-to-all as a GPU runs it, not the CPU's all-gather and chunk: the
+    kernel of ``torch.ops._dtensor.shard_dim_alltoall`` (``Functional.cpp``) step by step in
+    ATen operators, so the tracker sees its buffers (the op's own kernel hides them from a
+    dispatch mode): the chunks along ``shard_dim`` moved to the front and made contiguous
+    (a copy unless they are already), the receiving buffer (``empty_like``; the fake process
+    group moves nothing into it), moved back along ``gather_dim`` and made contiguous (a copy
+    unless it is), viewed in the output's shape. Reported as issued."""
+    from torch.distributed.tensor import placement_types
+
+    def all_to_all(
+        t: torch.Tensor, gather_dim: int, shard_dim: int, mesh: Any, mesh_dim: int
+    ) -> Any:
+        n = mesh.size(mesh_dim)
+        entry = ["tp_all_to_all", t.numel() * t.element_size() * n, None, None]
+        log.seen.append(entry)
+        log.settle(entry)
+        split = [*t.shape[:shard_dim], n, t.shape[shard_dim] // n, *t.shape[shard_dim + 1 :]]
+        sent = t.view(split).movedim(shard_dim, 0).contiguous()  # held until it returns
+        received = torch.empty_like(sent)
+        shape = list(t.shape)
+        shape[shard_dim] //= n
+        shape[gather_dim] *= n
+        return received.movedim(0, gather_dim).contiguous().view(shape)
+
+    return patch.object(placement_types, "shard_dim_alltoall", all_to_all)
+
+
+def _planned(norm: str, mp: Any, batch_one: int = 0) -> tuple[Seen, int, list[Any]]:
     """The plan's steady step (as :func:`_measured`'s), its peak, each event's hook and
     module."""
     with torch.device("meta"):
@@ -167,7 +204,7 @@ def _planned(norm: str, mp: Any, batch_one: bool = False) -> tuple[Seen, int, li
     report = fsdpviz.analyze(
         model, _ids(batch_one), fully_shard=tp_models.LAYERS,
         mesh=("dp_shard", 1, "tp", 4) if batch_one else ("dp_shard", 2, "tp", 2),
-        parallelize_plan=_batch_one_plan() if batch_one else _plan(norm), loss=_loss,
+        parallelize_plan=_batch_one_plan(batch_one) if batch_one else _plan(norm), loss=_loss,
         progress=False, **options,
     )  # fmt: skip
     mem = memory_model(report, optimizer=None, iteration=1)
@@ -199,6 +236,16 @@ def test_tensor_parallel_events_and_memory_at_every_event(
     assert peak == real_peak
 
 
+def _batch_one(seq: int = BATCH_ONE_SEQ) -> tuple[Step, tuple[Seen, int, list[Any]]]:
+    """The batch of one measured, DTensor's all-to-all as a GPU runs it
+    (:func:`_nccl_all_to_all`), and planned, DTensor's strategies asked afresh (the plan's
+    first multiply asks them as it is traced)."""
+    from fsdpviz.schedule.tp_mm_strategy import mm_choice
+
+    mm_choice.cache_clear()
+    return _measured("none", None, seq, nccl=True), _planned("none", None, seq)
+
+
 def test_tensor_parallel_batch_of_one_partial_weight_gradients(fake_pg: int) -> None:
     """A batch of one on 4 tp ranks whose feed-forward input is left sequence-sharded to
     its column-wise linears: DTensor's ``mm`` strategies (costed as on a GPU node of 8)
@@ -206,61 +253,87 @@ def test_tensor_parallel_batch_of_one_partial_weight_gradients(fake_pg: int) -> 
     whole on the rank (the weight's global shape: 32,768 B against a chunk's 8,192 B) from
     their multiply to their block's post-backward, which reduce-scatters each to its
     ``Shard(0)`` chunk beside it (``FSDPParam._get_grad_inner_tensor``) and lets go of the
-    whole one. Before, the plan held the chunk all along (24,576 B a weight low from the
-    multiply to the post-backward) and not the chunk beside the whole (8,192 B).
+    whole one.
 
     In forward the weight's transpose, a rank's chunk, is copied contiguous before its
     all-gather (``Shard._maybe_pad_tensor``: 8,192 B held as it is issued) and its gathered
     chunks put in place by ``torch.cat`` (``all_gather_single``); the product keeps the
     input's sequence sharding, a rank's share (32,768 B, not the whole 131,072 B).
 
-    On the CPU DTensor runs an all-to-all as an all-gather and a chunk
-    (``shard_dim_alltoall``'s fallback), whose buffers a GPU's all-to-all does not make: the
-    events agree (an all-to-all read as its fallback's all-gather, of the same bytes), and
-    the two figures at every row but these:
+    Every row agrees, both figures, and the peak:
 
-    - the most since a forward all-to-all, at the row after: the fallback's whole gathered
-      product and its chunk's copy (NCCL's ``shard_dim_alltoall`` makes three shares);
-    - the most before the first ``w1`` all-gather: torch's reading there is below the bytes
-      in use at the row before (357,376 B against 390,400 B), no memory held;
-    - the backward's ``w1`` and ``w3`` rows (and the most since them at the row after): the
-      fallback's chunk of the output's gradient along the sequence of a batch of one is
-      contiguous, so ``contiguous()`` keeps it a view of the whole gathered gradient
-      (131,072 B) where NCCL's all-to-all leaves a share (32,768 B). At ``w3``'s backward
-      all-gather of its weight the bytes in use differ by that alone (98,304 B): autograd's
-      ``MmBackward0`` computes the weight's gradient (``Partial()``, whole: 32,768 B) before
-      the input's, whose ``mm`` gathers the weight, and the plan holds it there as torch
-      does (before, it reported the all-gather as the output's gradient arrived, before
-      either ``mm``: 131,072 B apart). At ``w1``'s rows the figures differ by 49,152 B
-      besides that view (the plan holding more): not explained yet, left unchecked."""
+    - the input's gradient of each multiply, whose ``mm`` gathers the weight again, keeps
+      the sequence sharding: a rank's share (16,384 B), not the whole (65,536 B: 49,152 B
+      more from ``w3``'s multiply to the sum with ``w1``'s, and the sum whole too), and the
+      gathered weight is held until that ``mm`` has made it (16,384 B more at its peak);
+    - each all-to-all holds the kernel's buffers until it returns: the rank's chunks moved
+      to the front and made contiguous, the receiving buffer, and that moved back and made
+      contiguous, one of them a view at a batch of one (a share more at its peak than the
+      result alone: 24,576 B and 32,768 B more in the rows after, forward and backward);
+    - the first multiply asks DTensor's cost model its strategies outside the traced step
+      (before, the meta tensors it asked on were counted: 114,944 B more since the row
+      before)."""
     assert fake_pg == 4
-    (real, real_peak), (mine, peak, tags) = (
-        _measured("none", None, True),
-        _planned("none", None, True),
-    )
-    on_cpu = {"tp_all_to_all": "tp_all_gather"}
-    assert [e[:2] for e in real] == [(on_cpu.get(e[0], e[0]), e[1]) for e in mine]
+    (real, real_peak), (mine, peak, tags) = _batch_one()
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
     scattered = [e[:2] for e, (hook, _) in zip(mine, tags, strict=True)
                  if hook == "post_backward" and e[0] == "tp_reduce_scatter"]  # fmt: skip
     whole = BATCH_ONE["hidden"] * BATCH_ONE["dim"] * 4
     assert scattered == [("tp_reduce_scatter", whole)] * 4  # each block's w3, w1
-    back = next(i for i, (_, m) in enumerate(tags) if m == "output")  # backward after it
-    behind = [i > back and (m or "").endswith((".w1", ".w3")) for i, (_, m) in enumerate(tags)]
-    after_all_to_all = [i > 0 and i - 1 < back and mine[i - 1][0] == "tp_all_to_all"
-                        for i in range(len(mine))]  # fmt: skip
-    first = next(i for i, (_, m) in enumerate(tags) if (m or "").endswith(".w1"))
-    differ = [
-        (i, a, b)
-        for i, (a, b) in enumerate(zip(real, mine, strict=True))
-        if not behind[i]
-        and (a[2] != b[2] or (a[3] != b[3] and not (behind[i - 1] or after_all_to_all[i]
-                                                      or i == first)))
-    ]  # fmt: skip
+    assert sum(e[0] == "tp_all_to_all" for e in mine) == 8  # each w1, w3: forward, backward
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
     assert not differ, (len(mine), differ)
+    assert peak == real_peak
+
+
+def test_tensor_parallel_batch_of_one_uneven_sequence(fake_pg: int) -> None:
+    """The batch of one with a sequence the 4 tp ranks do not divide (254: chunks of 64,
+    64, 64, 62; the residual stream a DTensor, which runs it), DTensor's all-to-all as a GPU
+    runs it. DTensor pads the sequence to chunks as large as the first rank's, whose own
+    chunk needs none. Every row agrees, both figures, and the peak:
+
+    - a reduce-scatter onto the sequence (the embedding's, each row-wise linear's) holds,
+      as it is issued, the short chunk padded (16,384 B) and the chunks' ``torch.cat``, the
+      padded whole (65,536 B), which ``Shard._reduce_shard_tensor`` makes before it calls
+      the functional collective (before, the plan made them after: 81,920 B low there);
+    - an all-to-all off the sequence (forward) gathers it padded, 256 rows: its result is a
+      ``narrow`` of that buffer (``_unpad_for_new_shard_dim``), which holds all of it (256 B
+      more than 254 rows, each ``w1``'s and ``w3``'s until its backward);
+    - an all-to-all onto the sequence (backward) pads the rank's tensor first
+      (``_pad_for_new_shard_dim``: a copy, 32,768 B held as it is issued), and the kernel's
+      buffers are as large."""
+    assert fake_pg == 4
+    (real, real_peak), (mine, peak, _) = _batch_one(UNEVEN_SEQ)
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
+    assert ("tp_all_to_all", BATCH_ONE_SEQ * BATCH_ONE["hidden"] * 4) in [e[:2] for e in mine]
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
+    assert not differ, (len(mine), differ)
+    assert peak == real_peak
+
+
+def test_tensor_parallel_batch_of_one_on_the_cpu_fallback(fake_pg: int) -> None:
+    """The same step with DTensor's all-to-all as the CPU runs it (``shard_dim_alltoall``'s
+    fallback: an all-gather, then a rank's chunk made contiguous), which a GPU's does not:
+    the events agree (an all-to-all read as its fallback's all-gather, of the same bytes),
+    and the bytes in use at every row but the backward's weight all-gathers of ``w1`` and
+    ``w3``, where torch holds 98,304 B more at each: the chunk of the output's gradient
+    along the sequence of a batch of one is contiguous, so ``contiguous()`` keeps it a view
+    of the whole gathered gradient (131,072 B) where the kernel leaves a share (32,768 B),
+    from the all-to-all to the ``mm`` after that all-gather. The plan is a GPU's."""
+    assert fake_pg == 4
+    (real, real_peak), (mine, peak, tags) = (
+        _measured("none", None, BATCH_ONE_SEQ),
+        _planned("none", None, BATCH_ONE_SEQ),
+    )
+    on_cpu = {"tp_all_to_all": "tp_all_gather"}
+    assert [e[:2] for e in real] == [(on_cpu.get(e[0], e[0]), e[1]) for e in mine]
+    back = next(i for i, (_, m) in enumerate(tags) if m == "output")  # backward after it
     grad = BATCH_ONE_SEQ * BATCH_ONE["hidden"] * 4  # the output's gradient, whole
-    view = grad - grad // fake_pg  # the fallback's view of it, less NCCL's share
-    weight_gathers = [real[i][2] - mine[i][2] for i, (_, m) in enumerate(tags)
-                      if behind[i] and (m or "").endswith(".w3")
-                      and mine[i][0] == "tp_all_gather"]  # fmt: skip
-    assert weight_gathers == [view] * 2, weight_gathers  # each block's
+    view = grad - grad // fake_pg  # the fallback's view of it, less the kernel's share
+    held = [real[i][2] - mine[i][2] for i, (_, m) in enumerate(tags)
+            if real[i][2] != mine[i][2]]  # fmt: skip
+    gathers = [i for i, (_, m) in enumerate(tags) if i > back and mine[i][0] == "tp_all_gather"
+               and (m or "").endswith((".w1", ".w3"))]  # fmt: skip
+    assert held == [view] * 4 and len(gathers) == 4, held
+    assert all(real[i][2] - mine[i][2] == view for i in gathers)
     assert peak == real_peak

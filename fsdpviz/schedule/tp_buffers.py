@@ -1,13 +1,16 @@
 """The buffers DTensor's collectives make on a tp rank, for
 :class:`~fsdpviz.schedule.tp_emulation.TPEmulation`: a sharded dim the tp ranks do not
 divide padded to chunks as large as the first (:func:`padded_bytes`, :func:`gathered_padded`,
-:func:`scattered_padded`), the share a rank holds (:func:`share_of`), when an all-gather's
-result is a view of its buffer (:func:`viewable`), and a row-wise embedding's masked indices
-and mask (:func:`masked_ids`)."""
+:func:`scattered_padded`), an all-to-all's buffers as a GPU's kernel makes them
+(:func:`all_to_all_buffers`), the share a rank holds (:func:`share_of`), when an
+all-gather's result is a view of its buffer (:func:`viewable`), each collective reported as
+DTensor issues it, after the buffers it makes before (:func:`issuing_buffer`), and a row-wise
+embedding's masked indices and mask (:func:`masked_ids`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -19,12 +22,16 @@ from fsdpviz.schedule.tp_refusals import chunks
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import dim_share
 
+Issue = Callable[[], None] | None  # a collective reported as DTensor issues it
+
 # Collectives whose result is a new buffer on each rank (an all-reduce: its functional
 # collective reduces a clone of its input, ``_c10d_functional.all_reduce``).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
 
 __all__ = [
+    "all_to_all_buffers",
     "gathered_padded",
+    "issuing_buffer",
     "masked_ids",
     "padded_bytes",
     "padded_shape",
@@ -87,7 +94,9 @@ def gathered_padded(probe: CostProbe, t: torch.Tensor, src: Layout, tp: int) -> 
         return placed.narrow(d, 0, n).contiguous()
 
 
-def scattered_padded(probe: CostProbe, t: torch.Tensor, dst: Layout, tp: int) -> torch.Tensor:
+def scattered_padded(
+    probe: CostProbe, t: torch.Tensor, dst: Layout, tp: int, issue: Issue = None
+) -> torch.Tensor:
     """The reduce-scatter of ``t`` onto ``dst``, sharded on a dim the tp ranks do not
     divide, as ``Shard._reduce_shard_tensor`` makes it: ``_split_tensor`` chunks it,
     pads the short chunks to the first's and makes the others contiguous (copies where
@@ -106,6 +115,8 @@ def scattered_padded(probe: CostProbe, t: torch.Tensor, dst: Layout, tp: int) ->
             if size < first or not contiguous:  # padded (a new tensor) or made contiguous
                 held.append(t.new_empty([*t.shape[:d], first, *t.shape[d + 1 :]]))
         held.append(t.new_empty(padded))  # torch.cat(scattered_list, dim=d)
+        if issue is not None:  # (the functional collective called)
+            issue()
         if d != 0:
             held.append(t.new_empty(padded))  # _chunk_or_narrow_cat onto dim 0
     with probe.redistributed(share_of(t, dst, tp)):
@@ -138,11 +149,56 @@ def padded_bytes(
     return nbytes if numel == 0 else nbytes // numel * math.prod(whole)
 
 
+def all_to_all_buffers(
+    probe: CostProbe, t: torch.Tensor, src: Layout, dst: Layout, tp: int, issue: Issue = None
+) -> torch.Tensor:
+    """The all-to-all of ``t`` from ``Shard(g)`` to ``Shard(s)`` as DTensor makes it on a
+    GPU (``Shard._to_new_shard_dim``; the CPU's fallback gathers instead), on the first
+    rank, whose chunks are as large as any: a dim ``s`` the tp ranks do not divide padded
+    to chunks as large as the first (``_pad_for_new_shard_dim``: a copy); then the kernel of
+    ``_dtensor::shard_dim_alltoall`` (``Functional.cpp``): the rank's tensor viewed with
+    ``s`` split into the ranks' chunks, those moved to the front and made contiguous (a copy
+    unless every dim before ``s`` is 1), a receiving buffer as large (``empty_like``), that
+    moved back along ``g`` and made contiguous (a copy unless every dim before ``g`` is 1,
+    ``s`` counted as a chunk), viewed as the result; a dim ``g`` the tp ranks do not divide
+    comes back padded, cut to its size by a ``narrow`` (``_unpad_for_new_shard_dim``): a
+    view, the padded buffer held. Each buffer holds ``g`` gathered (padded) and a chunk of
+    ``s``; the kernel holds its three until it returns, the padded copy until the
+    redistribution returns, the result alone after: at a batch of one either the send or
+    the result is a view, so two buffers, three at a larger batch."""
+    g, s = (src[1] or 0) % t.dim(), (dst[1] or 0) % t.dim()
+    chunk_g, chunk_s = chunks(t.shape[g], tp)[0], chunks(t.shape[s], tp)[0]
+    local = list(t.shape)  # the first rank's tensor as the kernel takes it
+    local[g], local[s] = chunk_g, chunk_s * tp
+    moved = list(local)
+    moved[s] = chunk_s
+    gathered = list(t.shape)  # a buffer's shape, global: a chunk of s is a rank's share
+    gathered[g] = chunk_g * tp
+    with probe.redistributed(share_of(t, dst, tp)):
+        padded = t.new_empty(gathered) if chunk_s * tp != t.shape[s] else None
+        if issue is not None:  # (the kernel called)
+            issue()
+        sent = t.new_empty(gathered) if math.prod(local[:s]) > 1 else None
+        received = t.new_empty(gathered)
+        out = received.clone() if math.prod(moved[:g]) > 1 else received
+    del padded, sent, received
+    return out.narrow(g, 0, t.shape[g]) if chunk_g * tp != t.shape[g] else out
+
+
 def collective_buffer(
-    probe: CostProbe | None, collective: str | None, src: Layout, dst: Layout, ndim: int, tp: int
+    probe: CostProbe | None,
+    collective: str | None,
+    src: Layout,
+    dst: Layout,
+    ndim: int,
+    tp: int,
+    issue: Issue = None,
 ) -> Copy:
     """A function making the new buffer of ``collective`` from ``src`` to ``dst`` on a tp
-    group of ``tp`` ranks, or None.
+    group of ``tp`` ranks, or None. It calls ``issue`` (the collective reported) as DTensor
+    issues it: after what DTensor makes before it (a dim the tp ranks do not divide padded:
+    a reduce-scatter's padded chunks and their ``torch.cat``, an all-to-all's padded copy),
+    before the rest.
 
     Collectives run on dimension 0: an all-gather along another dimension gathers into a
     whole buffer first and copies it into place, a reduce-scatter along another dimension
@@ -161,10 +217,14 @@ def collective_buffer(
     )
 
     def make(t: torch.Tensor) -> torch.Tensor:
+        if collective == "tp_all_to_all":
+            return all_to_all_buffers(probe, t, src, dst, tp, issue)
+        if collective == "tp_reduce_scatter" and uneven(t, dst, tp):
+            return scattered_padded(probe, t, dst, tp, issue)
+        if issue is not None:  # (the first rank's chunk is never padded before it)
+            issue()
         if collective == "tp_all_gather" and uneven(t, src, tp):
             return gathered_padded(probe, t, src, tp)
-        if collective == "tp_reduce_scatter" and uneven(t, dst, tp):
-            return scattered_padded(probe, t, dst, tp)
         copied = rearranged and not (
             collective == "tp_all_gather" and viewable(t.shape, (src[1] or 0) % t.dim())
         )
@@ -174,6 +234,23 @@ def collective_buffer(
             return whole.clone()
 
     return make
+
+
+def issuing_buffer(
+    probe: CostProbe | None,
+    collective: str | None,
+    src: Layout,
+    dst: Layout,
+    ndim: int,
+    tp: int,
+    issue: Issue,
+) -> Copy:
+    """:func:`collective_buffer`, which calls ``issue`` as it makes the buffer, or None,
+    ``issue`` called now (it makes none)."""
+    made = collective_buffer(probe, collective, src, dst, ndim, tp, issue)
+    if made is None and issue is not None:
+        issue()
+    return made
 
 
 def in_float8(probe: CostProbe | None, copy: Copy, float8: bool) -> Copy:

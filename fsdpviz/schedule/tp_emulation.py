@@ -55,8 +55,8 @@ from fsdpviz.plan.tensor_parallel import (
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.tp_buffers import (
     chunk_buffer,
-    collective_buffer,
     in_float8,
+    issuing_buffer,
     masked_ids,
     padded_bytes,
     uneven,
@@ -322,23 +322,23 @@ class TPEmulation:
             # collective and no new buffer, either way (``redistribute_local_tensor``)
             return t
         data_f8, grad_f8 = float8
-        ndim = t.dim()
-        nbytes = t.numel() * t.element_size()
-        src = known or r.src
-        forward = collective(src, r.dst, ndim)
+        ndim, nbytes, src = t.dim(), t.numel() * t.element_size(), known or r.src
+        forward, issue = collective(src, r.dst, ndim), None  # (reported as DTensor issues it)
         if forward is not None:
             sent = padded_bytes(
                 t.numel() if data_f8 else nbytes, t.shape, forward, src, r.dst, self.plan.size
             )
             dtype = "float8_e4m3fn" if data_f8 else _dtype_name(t)
-            self.runtime.tensor_parallel(i, forward, tpm.fqn, "forward", sent, dtype)
+            issue = functools.partial(
+                self.runtime.tensor_parallel, i, forward, tpm.fqn, "forward", sent, dtype
+            )
         # a plain tensor's gradient goes back to the layout it was declared in; a DTensor's,
         # only through the redistribution (if any: one that moves nothing forward, as
         # Replicate -> Shard, a local chunk, still all-gathers its gradient back)
         if moved is None:
             moved = known is None or not same_layout(src, r.dst, ndim)
         probe, size = self._probe, self.plan.size
-        made = collective_buffer(probe, forward, src, r.dst, ndim, size)
+        made = issuing_buffer(probe, forward, src, r.dst, ndim, size, issue)
         copy = in_float8(probe, made or chunk_buffer(probe, src, r.dst, ndim, size), data_f8)
         if not moved or not (t.requires_grad and torch.is_grad_enabled()):
             if copy is None or not (t.requires_grad and torch.is_grad_enabled()):
@@ -360,12 +360,12 @@ class TPEmulation:
 
         def back_copy(g: torch.Tensor) -> torch.Tensor:
             back = backward_collective(grad[0], src, ndim)
-            made = collective_buffer(probe, back, grad[0], back_dst, ndim, size)
+            made = issuing_buffer(probe, back, grad[0], back_dst, ndim, size, report)
             made = made or chunk_buffer(probe, grad[0], back_dst, ndim, size)
             make = in_float8(probe, made, grad_f8)
             return make(g) if make is not None else g
 
-        return GradCollective.apply(report, copy, back_copy, t)  # type: ignore[no-untyped-call]
+        return GradCollective.apply(_nothing, copy, back_copy, t)  # type: ignore[no-untyped-call]
 
     def _float8_input(self, t: torch.Tensor, tpm: TPModule, known: Layout | None) -> bool:
         """Whether a float8 style casts input ``t`` before redistributing it: the linear

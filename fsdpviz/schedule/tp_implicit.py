@@ -32,6 +32,7 @@ from fsdpviz.schedule.tp_mm_strategy import GPUS_PER_NODE, mm_choice, topology_d
 from fsdpviz.schema.config import costed_within_node
 from fsdpviz.schema.report import FsdpWarning
 from fsdpviz.trace.probe import CostProbe
+from fsdpviz.trace.probe_records import dim_share
 
 
 def gathered_by_multiply(
@@ -297,21 +298,26 @@ def multiplied_backward(
     as the gradient reaches the multiply, then the ``mm`` for the weight's gradient (when
     ``weight_grad``: the weight takes one), then the input's gradient's operands, before the
     ``mm`` for it, which the probe runs (:meth:`~fsdpviz.trace.probe.CostProbe.
-    before_backward_mm`): the weight's gradient held by then, as torch holds it. The
-    function to hook on the output's gradient (``GradCollective``'s copy)."""
+    before_backward_mm`): the weight's gradient held by then, as torch holds it, and those
+    operands' buffers until the ``mm`` has made its product. That product, the input's
+    gradient, is a rank's share where it keeps the sequence sharding (the weight gathered:
+    ``Shard(0)`` of the 2-D product), whole where it is ``Partial()``. The function to
+    hook on the output's gradient (``GradCollective``'s copy)."""
 
     def back_copy(g: torch.Tensor) -> torch.Tensor:
         report(m.weight_backward)
         moves_made(probe, m.weight_backward, g, size)
 
-        def input_side() -> None:
+        def input_side() -> list[torch.Tensor]:
             report(m.input_backward)
-            moves_made(probe, m.input_backward, g, size)
+            return moves_made(probe, m.input_backward, g, size)
 
-        if probe is None or not m.input_backward:
+        rows = math.prod(g.shape[:-1])
+        made = None if m.input_grad == PARTIAL or g.dim() == 0 else dim_share(rows, size)
+        if probe is None or (not m.input_backward and made is None):
             input_side()
         else:
-            probe.before_backward_mm(1 if weight_grad else 0, input_side)
+            probe.before_backward_mm(1 if weight_grad else 0, input_side, made)
         return g
 
     return back_copy

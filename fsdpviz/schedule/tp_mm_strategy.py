@@ -44,6 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from fsdpviz.plan.tensor_parallel import PARTIAL, REPLICATE, Layout
 from fsdpviz.schema.config import costed_within_node
@@ -154,7 +155,10 @@ def mm_choice(
     (('shard', 0), ('replicate', None))
     """
     try:
-        with _devices_per_host(devices_per_host):
+        # asked outside every dispatch mode: the specs' meta tensors and what the
+        # propagator runs on them are no tensors of the traced step (a probe counting them
+        # would hold them at the first multiply that asks)
+        with _devices_per_host(devices_per_host), _disable_current_modes():
             return _propagated(a, b, dtype, tp, devices_per_host)
     except (TypeError, AttributeError, ValueError, RuntimeError, AssertionError):
         return None

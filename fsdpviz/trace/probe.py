@@ -287,8 +287,10 @@ class CostProbe(
         backward = torch._C._current_graph_task_id() != -1
         if backward and self._unread:
             self._reads_forbidden(func, args)
+        _operands: list[Any] = []  # what _backward_mm's redistributions made, held until
+        # the operator's product is counted (DTensor lets go of them once it has run)
         if backward and self._mm_waits and func is torch.ops.aten.mm.default and not recomputing():
-            self._backward_mm()  # (a checkpoint's recomputed forward's mm is none of them)
+            _operands = self._backward_mm()  # (a checkpoint's recomputed forward's mm: none)
         if self._float8_running is not None and not recomputing():
             self._float8_stopped()
         if loss is not None and loss.forward_done and backward and not loss.captures():

@@ -41,8 +41,10 @@ class ShareAccounting:
         self._held: bool | Fraction | None = None  # inside held_as(): the outputs' layout
         # told of each all-reduce loss_parallel()'s handlers run (tensor parallelism's plan)
         self.on_all_reduce: Callable[[torch.Tensor], None] | None = None
-        # [mms to let run, what to do then]: before_backward_mm
+        # [mms to let run, what to do then, the share of what that mm makes]:
+        # before_backward_mm
         self._mm_waits: list[list[Any]] = []
+        self._mm_made: Fraction | None = None  # ... of the backward mm about to run
 
     def _step_shares(self) -> None:
         """A step starts: one rank holds shares of the parameters the plan shards and of the
@@ -74,22 +76,32 @@ class ShareAccounting:
         finally:
             self._held = before
 
-    def before_backward_mm(self, skip: int, do: Callable[[], None]) -> None:
+    def before_backward_mm(
+        self,
+        skip: int,
+        do: Callable[[], list[torch.Tensor]],
+        made: Fraction | None = None,
+    ) -> None:
         """Run ``do`` before the backward's ``aten.mm`` after the next ``skip`` of them: a
         multiply's backward (autograd's ``MmBackward0``) runs its two ``mm`` in one node, no
-        hook between them."""
-        self._mm_waits.append([skip, do])
+        hook between them. What ``do`` returns (the operands DTensor redistributes for that
+        ``mm``) is held until the ``mm``'s product is counted. ``made``: the share one rank
+        holds of that product (None: as its operands say, :meth:`_a_share`)."""
+        self._mm_waits.append([skip, do, made])
 
-    def _backward_mm(self) -> None:
+    def _backward_mm(self) -> list[torch.Tensor]:
         """A backward ``aten.mm`` is about to run: what :meth:`before_backward_mm` left for
-        it, done."""
+        it, done; the tensors it made, for the caller to hold while the ``mm`` runs."""
         due = [w for w in self._mm_waits if w[0] == 0]
         for w in self._mm_waits:
             w[0] -= 1
         self._mm_waits = [w for w in self._mm_waits if w[0] >= 0]
+        made: list[torch.Tensor] = []
         with self:  # type: ignore[attr-defined]  # (the probe: what ``do`` makes, counted)
-            for _, do in due:
-                do()
+            for _, do, _ in due:
+                made += do()
+        self._mm_made = next((share for *_, share in due if share is not None), None)
+        return made
 
     def _whole(self, t: torch.Tensor) -> Any:
         """An all-reduce of ``t`` (told to :attr:`on_all_reduce`): its new buffer (whole, no
@@ -160,6 +172,9 @@ class ShareAccounting:
         if forward and stack and stack[-1] in self._tp.whole_outputs:
             return None
         mats = _MM.get(func)
+        if not forward and mats is not None and self._mm_made is not None:
+            made, self._mm_made = self._mm_made, None  # (before_backward_mm's)
+            return made
         sharded = forward and stack and stack[-1] in self._tp.sharded_products
         if mats is not None and not sharded and all(self._is_share(args[i]) for i in mats):
             return None
