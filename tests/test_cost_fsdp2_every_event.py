@@ -18,8 +18,9 @@ group's trainable ones; the embedding in a call of its own, with
 ``unshard_in_backward`` models it) and without; the same on one call of two embeddings
 (the tokens' and learned positions', a group whose backward reads no parameter; the setter
 called on its second module), and on the embedding and the head in one call kept unsharded
-after forward (its pre-backward finds them gathered: no all-gather either way). The moments, and the two figures compared
-at each event (the bytes in use, the most since the event before), are those of
+after forward (its pre-backward finds them gathered: no all-gather either way). The
+moments, and the two figures compared at each event (the bytes in use, the most since the
+event before), are those of
 ``test_cost_hybrid_every_event.py``; on a 1-D mesh, and on HSDP's micro-steps that do not
 all-reduce, the reduce-scatter is ``foreach_reduce``'s last collective, its moment the
 post-backward's return (the function's loop's last gradient let go). ``CPUOffloadPolicy``
@@ -543,3 +544,32 @@ def test_configurations_users_run_hold_what_torch_holds_at_every_event(
         copy, {"input_ids": _ids()}, mesh=setup.mesh, loss=_loss, **setup.kwargs(copy), **accum
     )
     same(real, steady(report, setup.micro_steps))
+
+
+def test_grouped_call_whose_head_reads_its_weight_not_unsharded_is_refused(fake_pg: int) -> None:
+    """``set_unshard_in_backward(False)`` on one call of the embedding and the head, freed
+    after forward: the group's pre-backward (on the head's output, the group's last module
+    to run) does not gather them, and the head's backward reads its weight: torch fails,
+    and fsdpviz refuses it, naming the group."""
+    from torch.distributed.fsdp import fully_shard
+
+    def shard(model: ExampleModel, mesh: DeviceMesh) -> None:
+        fully_shard([model.embed_tokens, model.lm_head], mesh=mesh)
+        _layers_and_root()(model, mesh)
+        cast(Any, model.lm_head).set_unshard_in_backward(False)
+
+    assert fake_pg == 4
+    torch.manual_seed(0)
+    real = ExampleModel(CONFIG)
+    shard(real, init_device_mesh("cpu", (4,)))
+    with pytest.raises(RuntimeError, match="out of bounds for storage of size 0"):
+        _loss(real(_ids())).backward()
+    with torch.device("meta"):
+        copy = ExampleModel(CONFIG)
+    said = "unshard_in_backward=False for 'embed_tokens, lm_head', whose backward reads"
+    with pytest.raises(fsdpviz.FSDPConfigError, match=said):
+        fsdpviz.analyze(
+            copy, {"input_ids": _ids()}, world_size=4, loss=_loss,
+            fully_shard=[("embed_tokens", "lm_head"), DecoderLayer],
+            unshard_in_backward={"lm_head": False},
+        )  # fmt: skip
