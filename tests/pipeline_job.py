@@ -121,9 +121,12 @@ def reshard_after_forward(policy: str) -> bool | int:
     return int(policy) if policy.isdigit() else policy == "always"
 
 
-def shard(part: nn.Module, mesh: Any, policy: str, **options: Any) -> None:
+def shard(
+    part: nn.Module, mesh: Any, policy: str, not_unsharded: tuple[str, ...] = (), **options: Any
+) -> None:
     """torchtitan's ``apply_fsdp`` on one model part (float32 unless ``options`` holds an
-    ``mp_policy``)."""
+    ``mp_policy``); ``not_unsharded``: the top-level modules (those the part holds) whose
+    ``set_unshard_in_backward(False)`` is called."""
     from torch.distributed.fsdp import fully_shard
 
     raf = reshard_after_forward(policy)
@@ -134,6 +137,10 @@ def shard(part: nn.Module, mesh: Any, policy: str, **options: Any) -> None:
     for block in part.layers.values():
         fully_shard(block, mesh=mesh, reshard_after_forward=raf, **options)
     fully_shard(part, mesh=mesh, **options)
+    for name in not_unsharded:  # a top-level module, where this part holds it
+        module = getattr(part, name, None)
+        if module is not None:
+            module.set_unshard_in_backward(False)  # type: ignore[operator]
 
 
 def build_schedule(
@@ -142,10 +149,12 @@ def build_schedule(
     microbatches: int,
     policy: str,
     loss: Any = loss_fn,
+    not_unsharded: tuple[str, ...] = (),
     **options: Any,
 ) -> tuple[Any, list[Any]]:
     """This rank's stages (torchtitan's placement: looped, or a V), each sharded by
-    :func:`shard` (``options``: ``fully_shard``'s), under torch's schedule."""
+    :func:`shard` (``options``: ``fully_shard``'s; ``not_unsharded``: its), under torch's
+    schedule."""
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
@@ -161,7 +170,7 @@ def build_schedule(
     stages = []
     for s in placed:
         part = split_module(whole, names[s])
-        shard(part, dp_mesh, policy, **options)
+        shard(part, dp_mesh, policy, not_unsharded, **options)
         stages.append(
             PipelineStage(part, s, num_stages, torch.device("cpu"), group=pp_mesh.get_group())
         )

@@ -117,6 +117,7 @@ def measure(
     accumulate: bool = False,
     adamw: int = 0,
     frozen: int = 0,
+    not_unsharded: tuple[str, ...] = (),
 ) -> Measured:
     """This rank's (``dist.get_rank()`` on a ``pj.PP`` x ``pj.DP`` mesh) last step;
     ``loss_fn`` of the last stage's output and ``target()``'s microbatch; ``mp_policy``:
@@ -126,13 +127,14 @@ def measure(
     micro-steps of an optimizer step), the gradients then set to ``None``, for three
     optimizer steps: the peak and the events are the last's (its micro-steps' and its
     update's), less AdamW's step counters (on a GPU they stay on the CPU). ``frozen``: the
-    first stages' parameters, all frozen (``_neighbours_metadata``)."""
+    first stages' parameters, all frozen (``_neighbours_metadata``). ``not_unsharded``: the
+    top-level modules whose ``set_unshard_in_backward(False)`` is called."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (pj.PP, pj.DP), mesh_dim_names=("pp", "dp_shard"))
     options = {"mp_policy": mp_policy} if mp_policy else {}
     schedule, stages = pj.build_schedule(mesh, schedule_name, microbatches, policy, loss_fn,
-                                         **options)  # fmt: skip
+                                         not_unsharded, **options)  # fmt: skip
     first = any(st.is_first for st in stages)
     last = any(st.is_last for st in stages)
     params = [p for st in stages for p in st.submod.parameters()]

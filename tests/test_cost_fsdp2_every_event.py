@@ -15,8 +15,12 @@ prefetches (``set_modules_to_forward_prefetch`` / ``..._backward_...``, two grou
 or from the root); parameters left out by ``ignored_params``; one frozen weight among a
 group's trainable ones; the embedding in a call of its own, with
 ``set_unshard_in_backward(False)`` (not gathered in backward, as ``analyze``'s
-``unshard_in_backward`` models it) and without. The moments, and the two figures compared
-at each event (the bytes in use, the most since the event before), are those of
+``unshard_in_backward`` models it) and without; the same on one call of two embeddings
+(the tokens' and learned positions', a group whose backward reads no parameter; the setter
+called on its second module), and on the embedding and the head in one call kept unsharded
+after forward (its pre-backward finds them gathered: no all-gather either way). The
+moments, and the two figures compared at each event (the bytes in use, the most since the
+event before), are those of
 ``test_cost_hybrid_every_event.py``; on a 1-D mesh, and on HSDP's micro-steps that do not
 all-reduce, the reduce-scatter is ``foreach_reduce``'s last collective, its moment the
 post-backward's return (the function's loop's last gradient let go). ``CPUOffloadPolicy``
@@ -252,6 +256,59 @@ def _embedding_not_gathered_for_backward(**options: Any) -> Shard:
     return shard
 
 
+class PositionalModel(ExampleModel):
+    """The example model with learned positions: a second embedding, added to the tokens'."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.embed_positions = nn.Embedding(16, config.hidden_size)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.embed_tokens(input_ids) + self.embed_positions(positions)
+        for layer in self.layers:
+            x = layer(x)
+        logits: torch.Tensor = self.lm_head(self.norm(x))
+        return logits
+
+
+def _grouped_embeddings_not_gathered_for_backward(**options: Any) -> Shard:
+    """The two embeddings in one call (torch's list form), each layer, then the root, with
+    ``options`` each; the group's ``set_unshard_in_backward(False)``, called on its second
+    module (a setter of any member sets the call's group)."""
+    from torch.distributed.fsdp import fully_shard
+
+    def shard(model: ExampleModel, mesh: DeviceMesh) -> None:
+        positional = cast(PositionalModel, model)
+        fully_shard([positional.embed_tokens, positional.embed_positions], mesh=mesh, **options)
+        _layers_and_root(**options)(model, mesh)
+        cast(Any, positional.embed_positions).set_unshard_in_backward(False)
+
+    return shard
+
+
+def _grouped_embeddings(**kwargs: Any) -> Callable[[ExampleModel], dict[str, Any]]:
+    """``analyze``'s keywords for :func:`_grouped_embeddings_not_gathered_for_backward`."""
+    return lambda model: {
+        "fully_shard": [("embed_tokens", "embed_positions"), DecoderLayer],
+        "unshard_in_backward": {"embed_positions": False},
+        **kwargs,
+    }
+
+
+def _grouped_ends_kept_gathered(model: ExampleModel, mesh: DeviceMesh) -> None:
+    """Each layer, then the embedding and the head in one call kept unsharded after forward
+    with ``set_unshard_in_backward(False)`` (its pre-backward finds them unsharded: the
+    head's backward reads its weight), then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard([model.embed_tokens, model.lm_head], mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh)
+    cast(Any, model.embed_tokens).set_unshard_in_backward(False)
+
+
 def _prefetching_two_ahead(model: ExampleModel, mesh: DeviceMesh) -> None:
     """Each of three layers and the root; the first layer prefetches the other two in
     forward, the last the other two in backward."""
@@ -308,6 +365,7 @@ class Setup:
     micro_steps: int = 1
     layers: int = 2
     prepare: Callable[[ExampleModel], None] = lambda model: None  # the model as built
+    model: type[ExampleModel] = ExampleModel
 
 
 def _layers(**kwargs: Any) -> Callable[[ExampleModel], dict[str, Any]]:
@@ -427,6 +485,41 @@ SETUPS: dict[str, Setup] = {
         (2, 2), _embedding_not_gathered_for_backward(mp_policy=_policy(BF16_FP32)),
         _embedding(mp_policy=_policy(BF16_FP32)),
     ),
+    # set_unshard_in_backward(False) on one call of two embeddings (torch's list form): the
+    # group gathered once in forward, neither gathered nor prefetched in backward
+    "grouped-embeddings-not-unsharded-in-backward-fp32": Setup(
+        (4,), _grouped_embeddings_not_gathered_for_backward(), _grouped_embeddings(),
+        model=PositionalModel,
+    ),
+    "grouped-embeddings-not-unsharded-in-backward-bf16-fp32-accum": Setup(
+        (4,), _grouped_embeddings_not_gathered_for_backward(mp_policy=_policy(BF16_FP32)),
+        _grouped_embeddings(mp_policy=_policy(BF16_FP32)), _sync, 2, model=PositionalModel,
+    ),
+    "grouped-embeddings-not-unsharded-in-backward-resharding-to-two-accum": Setup(
+        (4,), _grouped_embeddings_not_gathered_for_backward(reshard_after_forward=2),
+        _grouped_embeddings(
+            reshard_after_forward={"embed_tokens": 2, "layers.0": 2, "layers.1": 2, "": 2}
+        ),
+        _sync, 2, model=PositionalModel,
+    ),
+    "grouped-embeddings-not-unsharded-in-backward-bf16-accum-kept-gathered": Setup(
+        (4,), _grouped_embeddings_not_gathered_for_backward(mp_policy=_policy(BF16)),
+        _grouped_embeddings(mp_policy=_policy(BF16), reshard_after_backward=False),
+        _sync_kept_gathered, 2, model=PositionalModel,
+    ),
+    "hsdp-grouped-embeddings-not-unsharded-in-backward-bf16-fp32": Setup(
+        (2, 2), _grouped_embeddings_not_gathered_for_backward(mp_policy=_policy(BF16_FP32)),
+        _grouped_embeddings(mp_policy=_policy(BF16_FP32)), model=PositionalModel,
+    ),
+    "grouped-first-and-last-kept-gathered-not-unsharded-in-backward-accum": Setup(
+        (4,), _grouped_ends_kept_gathered,
+        lambda m: {
+            "fully_shard": [DecoderLayer, ("embed_tokens", "lm_head")],
+            "reshard_after_forward": {"embed_tokens": False},
+            "unshard_in_backward": {"embed_tokens": False},
+        },
+        _sync, 2,
+    ),
 }  # fmt: skip
 
 
@@ -440,14 +533,43 @@ def test_configurations_users_run_hold_what_torch_holds_at_every_event(
         as_rank(0, ranks)
     config = dataclasses.replace(CONFIG, num_layers=setup.layers)
     torch.manual_seed(0)
-    model = ExampleModel(config)
+    model = setup.model(config)
     setup.prepare(model)
     real = _run(model, setup.mesh, setup.shard, setup.switch, setup.micro_steps)
     with torch.device("meta"):
-        copy = ExampleModel(config)
+        copy = setup.model(config)
     setup.prepare(copy)
     accum = {"grad_accum": setup.micro_steps} if setup.micro_steps > 1 else {}
     report = fsdpviz.analyze(
         copy, {"input_ids": _ids()}, mesh=setup.mesh, loss=_loss, **setup.kwargs(copy), **accum
     )
     same(real, steady(report, setup.micro_steps))
+
+
+def test_grouped_call_whose_head_reads_its_weight_not_unsharded_is_refused(fake_pg: int) -> None:
+    """``set_unshard_in_backward(False)`` on one call of the embedding and the head, freed
+    after forward: the group's pre-backward (on the head's output, the group's last module
+    to run) does not gather them, and the head's backward reads its weight: torch fails,
+    and fsdpviz refuses it, naming the group."""
+    from torch.distributed.fsdp import fully_shard
+
+    def shard(model: ExampleModel, mesh: DeviceMesh) -> None:
+        fully_shard([model.embed_tokens, model.lm_head], mesh=mesh)
+        _layers_and_root()(model, mesh)
+        cast(Any, model.lm_head).set_unshard_in_backward(False)
+
+    assert fake_pg == 4
+    torch.manual_seed(0)
+    real = ExampleModel(CONFIG)
+    shard(real, init_device_mesh("cpu", (4,)))
+    with pytest.raises(RuntimeError, match="out of bounds for storage of size 0"):
+        _loss(real(_ids())).backward()
+    with torch.device("meta"):
+        copy = ExampleModel(CONFIG)
+    said = "unshard_in_backward=False for 'embed_tokens, lm_head', whose backward reads"
+    with pytest.raises(fsdpviz.FSDPConfigError, match=said):
+        fsdpviz.analyze(
+            copy, {"input_ids": _ids()}, world_size=4, loss=_loss,
+            fully_shard=[("embed_tokens", "lm_head"), DecoderLayer],
+            unshard_in_backward={"lm_head": False},
+        )  # fmt: skip

@@ -175,6 +175,55 @@ _ALWAYS = {
 
 
 @pytest.mark.parametrize(
+    "name",
+    ["gpipe-4-always", "1f1b-4-always", "interleaved-4-always", "zero-bubble-4-always",
+     "zbv-4-always", "dualpipev-4-always"],
+)  # fmt: skip
+def test_the_embedding_not_unsharded_in_backward_holds_what_torch_holds(
+    as_rank: object, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """``set_unshard_in_backward(False)`` on the first stage's embedding, resharding after
+    every forward: each microbatch's forward gathers it (or the stage's ``UNSHARD``, in the
+    IDLE state, before the first), its backward (``B``, or the first stage's ``W``) gathers
+    it not, and ``REDUCE_GRAD`` reduce-scatters the gradients the microbatches made from
+    the indices. Every event of the steady step of the rank holding stage 0, and its peak
+    (before, refused as not modelled)."""
+    for case, spec in {**_ALWAYS, "gpipe-4-always": ("GPipe", 4, "always")}.items():
+        monkeypatch.setitem(pj.CASES, case, spec)
+    as_rank(0)  # type: ignore[operator]
+    real = measure(*pj.CASES[name], loss_fn=lambda pred, _: _square(pred),
+                   target=lambda: torch.empty(pj.BATCH, 0),
+                   not_unsharded=("tok_embeddings",))  # fmt: skip
+    report = predict(name, loss=_square, unshard_in_backward={"tok_embeddings": False})
+    mine = report.pipeline.ranks[0]  # type: ignore[union-attr]
+    mem = memory_model(mine, optimizer=None)
+    assert real.peak == mem.peak["bytes"]
+    events = mine.iterations[-1]
+    assert [(kind, unit) for kind, unit, _ in real.events] == [(e.kind, e.unit) for e in events]
+    _same_at_every_event(real, events, mem)
+    gathered = [e.action for e in events if e.kind == "all_gather" and e.unit == "tok_embeddings"]
+    assert gathered and all(a.lstrip("0123456789")[0] in "FU" for a in gathered if a)  # F, UNSHARD
+
+
+def test_a_stage_group_read_in_backward_not_unsharded_is_refused(as_rank: object) -> None:
+    """``set_unshard_in_backward(False)`` on the last stage's norm and output (one call),
+    resharding after forward: the output projection's backward reads its freed weight and
+    torch fails; ``analyze`` refuses it from the stage's trace, naming the group. A mapping
+    naming no module of the model is refused too."""
+    import fsdpviz
+
+    as_rank(2)  # type: ignore[operator]
+    with pytest.raises(RuntimeError, match="out of bounds for storage of size 0"):
+        measure(*pj.CASES["1f1b-4-always"], loss_fn=lambda pred, _: _square(pred),
+                target=lambda: torch.empty(pj.BATCH, 0), not_unsharded=("output",))  # fmt: skip
+    said = "unshard_in_backward=False for 'norm, output', whose backward reads its parameters"
+    with pytest.raises(fsdpviz.FSDPConfigError, match=said):
+        predict("1f1b-4-always", loss=_square, unshard_in_backward={"output": False})
+    with pytest.raises(fsdpviz.ConfigError, match="'outputs' is not a module of the model"):
+        predict("1f1b-4-always", loss=_square, unshard_in_backward={"outputs": False})
+
+
+@pytest.mark.parametrize(
     ("name", "rank"),
     [("zero-bubble-4", 0), ("zero-bubble-4", 2), ("zbv-4", 0), ("zbv-4", 2), ("dualpipev-4", 2),
      ("zero-bubble-4-always", 2), ("zbv-4-always", 2), ("dualpipev-4-always", 0)],

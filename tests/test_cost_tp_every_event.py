@@ -22,6 +22,10 @@ reduce-scatter (``_MaskPartial``); a partial gradient's all-reduced copy beside 
 post-backward (``FSDPParam._get_grad_inner_tensor``) and in ``layer_norm``'s backward,
 whose dispatch holds the partial one until the operator has run.
 
+The embedding in a call of its own with ``set_unshard_in_backward(False)``: gathered in
+forward only, the same events and bytes. A group whose backward reads its DTensor
+parameters is refused with it, as torch fails on it.
+
 A batch of one on 4 tp ranks, each feed-forward's sequence-sharded input left to its
 column-wise linears: DTensor's ``mm`` strategies leave their weights' gradients
 ``Partial()``, whole on the rank until FSDP's post-backward reduce-scatters each to its
@@ -108,11 +112,14 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
     return out.float().square().mean()
 
 
-def _measured(norm: str, mp: Any, batch_one: int = 0, nccl: bool = False) -> Step:
+def _measured(
+    norm: str, mp: Any, batch_one: int = 0, nccl: bool = False, unshard_embedding: bool = True
+) -> Step:
     """``batch_one``: a batch of one of that sequence length, dp_shard 1 x tp 4,
     :func:`_batch_one_plan`, DTensor's cost model weighing the tp group as on a GPU node of
     8, as the plan does; ``nccl``: DTensor's all-to-all as a GPU runs it
-    (:func:`_nccl_all_to_all`)."""
+    (:func:`_nccl_all_to_all`). ``unshard_embedding`` False: the embedding in a
+    ``fully_shard`` call of its own, whose ``set_unshard_in_backward(False)`` is called."""
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -124,9 +131,11 @@ def _measured(norm: str, mp: Any, batch_one: int = 0, nccl: bool = False) -> Ste
     model = _build(norm, batch_one)
     parallelize_module(model, mesh["tp"], _batch_one_plan(batch_one) if batch_one else _plan(norm))
     options = {"mp_policy": mp} if mp is not None else {}
-    for (name,) in tp_models.LAYERS:
+    for (name,) in _calls(unshard_embedding):
         fully_shard(model.get_submodule(name), mesh=mesh["dp_shard"], **options)
     fully_shard(model, mesh=mesh["dp_shard"], **options)
+    if not unshard_embedding:
+        model.tok_embeddings.set_unshard_in_backward(False)  # type: ignore[operator]
     ids = _ids(batch_one)
 
     def tp(name: str, log: EventLog) -> Any:
@@ -195,14 +204,24 @@ def _nccl_all_to_all(log: EventLog) -> Any:
     return patch.object(placement_types, "shard_dim_alltoall", all_to_all)
 
 
-def _planned(norm: str, mp: Any, batch_one: int = 0) -> tuple[Seen, int, list[Any]]:
+def _calls(unshard_embedding: bool) -> list[tuple[str, ...]]:
+    """The ``fully_shard`` calls before the root's: the blocks' (and, where the embedding
+    is not unsharded in backward, the embedding's first)."""
+    return tp_models.LAYERS if unshard_embedding else [("tok_embeddings",), *tp_models.LAYERS]
+
+
+def _planned(
+    norm: str, mp: Any, batch_one: int = 0, unshard_embedding: bool = True
+) -> tuple[Seen, int, list[Any]]:
     """The plan's steady step (as :func:`_measured`'s), its peak, each event's hook and
     module."""
     with torch.device("meta"):
         model = _build(norm, batch_one)
-    options = {"mp_policy": mp} if mp is not None else {}
+    options: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
+    if not unshard_embedding:
+        options["unshard_in_backward"] = {"tok_embeddings": False}
     report = fsdpviz.analyze(
-        model, _ids(batch_one), fully_shard=tp_models.LAYERS,
+        model, _ids(batch_one), fully_shard=_calls(unshard_embedding),
         mesh=("dp_shard", 1, "tp", 4) if batch_one else ("dp_shard", 2, "tp", 2),
         parallelize_plan=_batch_one_plan(batch_one) if batch_one else _plan(norm), loss=_loss,
         progress=False, **options,
@@ -244,6 +263,27 @@ def _batch_one(seq: int = BATCH_ONE_SEQ) -> tuple[Step, tuple[Seen, int, list[An
 
     mm_choice.cache_clear()
     return _measured("none", None, seq, nccl=True), _planned("none", None, seq)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_tensor_parallel_embedding_not_unsharded_in_backward_at_every_event(
+    fake_pg: int, precision: str
+) -> None:
+    """The row-wise embedding (a ``Shard(0)`` DTensor weight) in a call of its own, with
+    ``set_unshard_in_backward(False)``: torch gathers it in forward only (its backward
+    makes the weight's gradient from the masked indices), and the plan holds the same
+    events and bytes at each."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    assert fake_pg == 4
+    mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16" else None
+    real, real_peak = _measured("none", mp, unshard_embedding=False)
+    mine, peak, _ = _planned("none", mp, unshard_embedding=False)
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
+    assert [e[1] for e in mine if e[0] == "all_gather"].count("tok_embeddings") == 1
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
+    assert not differ, (len(mine), differ)
+    assert peak == real_peak
 
 
 def test_tensor_parallel_batch_of_one_partial_weight_gradients(fake_pg: int) -> None:
@@ -337,3 +377,59 @@ def test_tensor_parallel_batch_of_one_on_the_cpu_fallback(fake_pg: int) -> None:
     assert held == [view] * 4 and len(gathers) == 4, held
     assert all(real[i][2] - mine[i][2] == view for i in gathers)
     assert peak == real_peak
+
+
+def _parallelized(mesh: Any, own: str) -> tp_models.Llama:
+    """:class:`tp_models.Llama` under torchtitan's plan, ``own`` in a ``fully_shard`` call
+    of its own (its ``set_unshard_in_backward(False)`` called), each block, then the root."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    model = _build("none")
+    parallelize_module(model, mesh["tp"], tp_models.whole_plan())
+    for name in (own, *(n for (n,) in tp_models.LAYERS)):
+        fully_shard(model.get_submodule(name), mesh=mesh["dp_shard"])
+    fully_shard(model, mesh=mesh["dp_shard"])
+    model.get_submodule(own).set_unshard_in_backward(False)  # type: ignore[operator]
+    return model
+
+
+@pytest.mark.parametrize("own", ["output", "layers.0.feed_forward.w2", "norm"])
+def test_tensor_parallel_group_read_in_backward_not_unsharded_is_refused(
+    fake_pg: int, own: str
+) -> None:
+    """``set_unshard_in_backward(False)`` on a group whose backward reads its DTensor
+    parameters (the column-wise output projection's ``Shard(0)`` weight, a row-wise
+    ``w2``'s ``Shard(1)``, a sequence-parallel norm's ``Replicate()`` weight): torch frees
+    them after forward and fails in backward, which reads them (the projections:
+    ``RuntimeError: setStorage: ... out of bounds for storage of size 0``; the norm's
+    ``rms_norm`` backward on the CPU reads it unchecked and crashes the process, so it is
+    not run here). fsdpviz refuses each, by the keyword and on the model
+    ``parallelize_module`` and ``fully_shard`` were applied to (its DTensor parameters read
+    back) alike; the embedding's backward reads none and is planned."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    assert fake_pg == 4
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
+    if own != "norm":
+        torch.manual_seed(0)
+        real = _parallelized(mesh, own)
+        with pytest.raises(RuntimeError, match="out of bounds for storage of size 0"):
+            _loss(real(_ids())).backward()
+    said = f"unshard_in_backward=False for '{own}', whose backward reads its parameters"
+    with torch.device("meta"):
+        model = _build("none")
+    with pytest.raises(fsdpviz.FSDPConfigError, match=said):
+        fsdpviz.analyze(
+            model, _ids(), fully_shard=[(own,), *tp_models.LAYERS], mesh=("dp_shard", 2, "tp", 2),
+            parallelize_plan=tp_models.whole_plan(), loss=_loss, progress=False,
+            unshard_in_backward={own: False},
+        )  # fmt: skip
+    with torch.device("meta"):
+        applied = _parallelized(mesh, own)
+    with pytest.raises(fsdpviz.FSDPConfigError, match=said):
+        fsdpviz.analyze(applied, _ids(), loss=_loss, progress=False)
+    with torch.device("meta"):
+        applied = _parallelized(mesh, "tok_embeddings")
+    report = fsdpviz.analyze(applied, _ids(), loss=_loss, progress=False)
+    assert report.config.unshard_in_backward == {"tok_embeddings": False}

@@ -17,6 +17,10 @@ pipeline rank's order (:mod:`fsdpviz.schedule.pipeline_order`), with what
   a frozen stage, runs no hook in ``I`` and nothing in ``W``: no gradient);
 - ``UNSHARD`` / ``RESHARD``: ``FSDPModule.unshard(async_op=True)`` / ``reshard()`` of every
   FSDP module of the stage (the compute waits for the unshard);
+- a group set not to unshard in backward (``unshard_in_backward``, torch's
+  ``set_unshard_in_backward(False)``): gathered by a forward or an ``UNSHARD`` (the group
+  idle), never by a backward's pre-backward; refused, from the stage's trace, where its
+  backward reads the parameters it then lacks (torch fails there);
 - ``REDUCE_GRAD``: ``perform_reduce_grad``: each group's post-backward with sync on (free,
   then reduce-scatter), then the root's final callback;
 - ``SEND_*`` / ``RECV_*``: a ``pp_send`` / ``pp_recv`` event of the stage's output (forward)
@@ -86,12 +90,6 @@ def _analyze(
             f"context parallelism (cp {opts.cp_size}) under pipeline parallelism is not "
             "modelled yet (each stage's ring attention on its share of every sequence): plan "
             "the mesh without one of them (PP x FSDP, or FSDP x cp)"
-        )
-    if opts.unshard_in_backward is not True:
-        raise ConfigError(
-            "unshard_in_backward under pipeline parallelism is not modelled yet (each stage's "
-            "UNSHARD and REDUCE_GRAD actions around it): plan it without the option, or "
-            "without the pipeline"
         )
     device = "real" if opts.trace == "real" else "meta"
     copy, mapping = model_copy(model, device)

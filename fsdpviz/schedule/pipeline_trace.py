@@ -24,12 +24,13 @@ from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.utils._pytree import tree_leaves
 
+from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2 import build_groups, check_groups, resolve_targets
 from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.pipeline import PipelineOptions, split_module
 from fsdpviz.plan.tensor_parallel import unfrozen_warning
-from fsdpviz.schedule.fsdp2 import fsdp2_probe, parallelized
+from fsdpviz.schedule.fsdp2 import check_unshard_in_backward, fsdp2_probe, parallelized
 from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
 from fsdpviz.schedule.pipeline_split import SplitBackward, SplitKey, SplitTraces, split_backward
 from fsdpviz.schedule.tp_emulation import TPEmulation
@@ -91,6 +92,7 @@ def trace_stages(
     nodes tensor parallelism's ``mm`` strategies are picked for (:class:`TPEmulation`)."""
     split = split or {}
     _check_targets(copy, opts.targets)
+    _check_in_model(opts.unshard_in_backward, copy)
     where = "the meta device" if device == "meta" else "the model's device"
     traces: list[StageTrace] = []
     before: tuple[Sequence[str], bool] = ([], False)  # the last stage's modules, frozen
@@ -106,6 +108,7 @@ def trace_stages(
                 targets=_stage_targets(opts.targets, modules),
                 forward_prefetch={k: v for k, v in opts.forward_prefetch.items() if k in modules},
                 backward_prefetch={k: v for k, v in opts.backward_prefetch.items() if k in modules},
+                unshard_in_backward=_in_stage(opts.unshard_in_backward, modules),
             )
             unfrozen: list[str] = []
             if opts.parallelize_plan is not None:
@@ -237,6 +240,36 @@ def _name_root(groups: list[Group], s: int) -> list[Group]:
     return groups
 
 
+def _holds(key: str, modules: dict[str, nn.Module]) -> bool:
+    """Whether ``modules`` hold what a per-call mapping's ``key`` names: a module's FQN, or a
+    grouped call's name (its modules' FQNs joined by ``", "``)."""
+    return all(name in modules for name in key.split(", "))
+
+
+def _in_stage(
+    value: bool | dict[str, bool], modules: dict[str, nn.Module]
+) -> bool | dict[str, bool]:
+    """``unshard_in_backward`` for a stage: a mapping's entries for the modules it holds
+    (the model's root, ``""``, each stage's root)."""
+    if not isinstance(value, dict):
+        return value
+    return {k: v for k, v in value.items() if _holds(k, modules)}
+
+
+def _check_in_model(value: bool | dict[str, bool], copy: nn.Module) -> None:
+    """Raise where ``unshard_in_backward``'s mapping names no module of the model (each
+    stage checks the names it holds)."""
+    if not isinstance(value, dict):
+        return
+    modules = dict(copy.named_modules())
+    unknown = [k for k in value if not _holds(k, modules)]
+    if unknown:
+        raise ConfigError(
+            f"unshard_in_backward: {unknown[0]!r} is not a module of the model; key the "
+            "mapping by the FQNs of the modules fully_shard is applied to"
+        )
+
+
 def _trace_stage(
     s: int,
     part: nn.Module,
@@ -295,6 +328,7 @@ def _trace_stage(
         remove_hooks(tracker, emulation, tp, probe)
         for p in part.parameters():
             p.grad = None
+    check_unshard_in_backward(groups, probe)  # torch fails where a backward reads them
     log = list(runtime.log)
     at = next(i for i, e in enumerate(log) if e[0] == "forward_end")
     received = [t for t in args if isinstance(t, torch.Tensor)]
