@@ -12,6 +12,7 @@ import pytest
 import fsdpviz
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
 from fsdpviz.replan.batch_replay import BatchCapture
+from fsdpviz.schema.checkpointing import CheckpointEvery
 from fsdpviz.tuning import Tuning
 from fsdpviz.tuning.checkpoint_pairs import CheckpointPairs
 
@@ -82,40 +83,47 @@ def test_workers_give_the_same_search() -> None:
     assert _candidates(derived) == _candidates(traced_each)
 
 
-@pytest.mark.parametrize("layers", [4, 3])
-def test_hugging_face_llama_derived_or_a_refused_pair_traced_as_asked(layers: int) -> None:
-    """Hugging Face's Llama: each checkpoint holds the decoder layer's keyword inputs
-    (``position_ids``) into the first checkpointed layer's backward (see
-    test_checkpoint_replay). Of 4 layers, every 2nd is derived, as traced; of 3, the last
-    is not checkpointed and the pair does not derive: every 2nd layer is traced, and the
-    sibling traced for the pair is the one the search takes next."""
+def _llama_tune(layers: int, every: int | None = None, batch: int = 2) -> Tuning:
+    """Hugging Face's Llama of ``layers`` decoder layers, the user's checkpointing every
+    ``every``-th layer (None: none), tuned exhaustively over checkpointing (and the
+    micro-batch where ``batch`` is more than 2)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    def tune() -> Tuning:
-        cfg = LlamaConfig(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=96,
-            use_cache=False,
-        )  # use_cache=False: the configuration as given keys the same traces as the rest
-        ids = example_inputs(ExampleConfig(vocab_size=96), batch=2, seq=12)
-        return fsdpviz.tune(
-            LlamaForCausalLM(cfg), ids, world_size=8, fully_shard=[LlamaDecoderLayer],
-            knobs=("activation_checkpointing",), exhaustive=True, progress=False, workers=1,
-        )  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+        use_cache=False,
+    )  # use_cache=False: the configuration as given keys the same traces as the rest
+    ids = example_inputs(ExampleConfig(vocab_size=96), batch=batch, seq=12)
+    knobs = (
+        ("micro_batch", "activation_checkpointing") if batch > 2 else ("activation_checkpointing",)
+    )
+    ac = None if every is None else CheckpointEvery([LlamaDecoderLayer], every)
+    return fsdpviz.tune(
+        LlamaForCausalLM(cfg), ids, world_size=8, fully_shard=[LlamaDecoderLayer],
+        activation_checkpointing=ac, knobs=knobs, exhaustive=True, progress=False, workers=1,
+    )  # fmt: skip
 
+
+@pytest.mark.parametrize("layers", [4, 3])
+def test_hugging_face_llama_derived_as_traced(layers: int) -> None:
+    """Hugging Face's Llama: each checkpoint holds the decoder layer's keyword inputs
+    (``position_ids``) into the first checkpointed layer's backward (see
+    test_checkpoint_replay). Every 2nd of 4 layers (the last checkpointed) is derived, and
+    every 2nd of 3 (the last not: the stretch in which the trace without checkpointing
+    lets go of them taken from the checkpointed trace), each as traced."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(CheckpointPairs, "derive", lambda self, *args: None)
-        traced_each = tune()
-    tuned = tune()
-    if layers == 4:
-        assert tuned.checkpoint_derived > 0 and tuned.traces < traced_each.traces
-    else:
-        assert tuned.checkpoint_derived == 0 and tuned.traces == traced_each.traces
+        traced_each = _llama_tune(layers)
+    tuned = _llama_tune(layers)
+    made = {c.knobs["activation_checkpointing"] for c in tuned.candidates if c.derived}
+    assert made == {"every 2nd LlamaDecoderLayer"} and tuned.checkpoint_derived == 1
+    assert tuned.traces + tuned.checkpoint_derived == traced_each.traces
     assert _candidates(tuned) == _candidates(traced_each)
 
 
