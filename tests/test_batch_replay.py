@@ -150,6 +150,11 @@ CASES: dict[str, Case] = {
          "sharding_strategy": ShardingStrategy.NO_SHARD,
          "cpu_offload": CPUOffload(offload_params=True)},
     ),
+    "example, a layer run twice, FSDP1, bf16": (
+        _SecondLayerTwice, _ids,
+        {"auto_wrap_policy": ModuleWrapPolicy({DecoderLayer}),
+         "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16)},
+    ),
     "example, FSDP2, compiled": (
         lambda: example_model(CONFIG), _ids,
         {"fully_shard": [DecoderLayer], "mp_policy": BF16, "compile": True},

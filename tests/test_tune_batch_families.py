@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import fsdpviz
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
@@ -80,4 +81,47 @@ def test_derived_micro_batches_are_the_traced_ones(traced_each: Tuning, tmp_path
 def test_workers_trace_only_what_the_families_take(traced_each: Tuning) -> None:
     derived = _tune(workers=2)
     assert derived.traces < traced_each.traces
+    assert _candidates(derived) == _candidates(traced_each)
+
+
+class _SecondLayerTwice(torch.nn.Module):
+    """The example model with its second layer run twice per forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = example_model(CONFIG)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        x = m.embed_tokens(input_ids)
+        for i in (0, 1, 1):
+            x = m.layers[i](x)
+        out: torch.Tensor = m.lm_head(m.norm(x))
+        return out
+
+
+def test_a_unit_run_twice_under_fsdp1_bf16_derived() -> None:
+    """FSDP1 under parameter mixed precision, a unit run twice: each stretch's peak without
+    the gradients autograd holds for the unit's other forward call (``peak_unbuffered``) is
+    weighed on the traces' moments too, so its micro-batches derive, as traced."""
+    from torch.distributed.fsdp import MixedPrecision
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    def tune() -> Tuning:
+        return fsdpviz.tune(
+            _SecondLayerTwice(), example_inputs(CONFIG, batch=12, seq=32), world_size=8,
+            auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+            mixed_precision=MixedPrecision(param_dtype=torch.bfloat16),
+            knobs=("micro_batch",), exhaustive=True, progress=False, workers=1,
+        )  # fmt: skip
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(BatchFamilies, "derived", lambda self, key, samples: None)
+        mp.setattr(BatchFamilies, "derivable", lambda self, key, samples: None)
+        mp.setattr(BatchFamilies, "lead", lambda self, key, samples: None)
+        traced_each = tune()
+    derived = tune()
+    assert any(c.report.profile and any(s.peak_unbuffered for s in c.report.profile.iterations)
+               for c in derived.candidates)  # fmt: skip
+    assert derived.derived > 0 and derived.traces + derived.derived == traced_each.traces
     assert _candidates(derived) == _candidates(traced_each)

@@ -5,6 +5,7 @@ search that traces each checkpointing choice makes it, with fewer traces."""
 from __future__ import annotations
 
 import multiprocessing
+import types
 from typing import Any
 
 import pytest
@@ -12,8 +13,12 @@ import pytest
 import fsdpviz
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
 from fsdpviz.replan.batch_replay import BatchCapture
+from fsdpviz.replan.checkpoint_replay import CheckpointCapture
+from fsdpviz.schema.checkpointing import CheckpointEvery
 from fsdpviz.tuning import Tuning
 from fsdpviz.tuning.checkpoint_pairs import CheckpointPairs
+from fsdpviz.tuning.retune import StoredTrace
+from fsdpviz.tuning.space import Choice, TuneKwargs
 
 CONFIG = ExampleConfig(vocab_size=1000, hidden_size=96, intermediate_size=256, num_heads=4)
 
@@ -82,40 +87,121 @@ def test_workers_give_the_same_search() -> None:
     assert _candidates(derived) == _candidates(traced_each)
 
 
-@pytest.mark.parametrize("layers", [4, 3])
-def test_hugging_face_llama_derived_or_a_refused_pair_traced_as_asked(layers: int) -> None:
-    """Hugging Face's Llama: each checkpoint holds the decoder layer's keyword inputs
-    (``position_ids``) into the first checkpointed layer's backward (see
-    test_checkpoint_replay). Of 4 layers, every 2nd is derived, as traced; of 3, the last
-    is not checkpointed and the pair does not derive: every 2nd layer is traced, and the
-    sibling traced for the pair is the one the search takes next."""
+def _llama_tune(layers: int, every: int | None = None, batch: int = 2) -> Tuning:
+    """Hugging Face's Llama of ``layers`` decoder layers, the user's checkpointing every
+    ``every``-th layer (None: none), tuned exhaustively over checkpointing (and the
+    micro-batch where ``batch`` is more than 2)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+        use_cache=False,
+    )  # use_cache=False: the configuration as given keys the same traces as the rest
+    ids = example_inputs(ExampleConfig(vocab_size=96), batch=batch, seq=12)
+    knobs = (
+        ("micro_batch", "activation_checkpointing") if batch > 2 else ("activation_checkpointing",)
+    )
+    ac = None if every is None else CheckpointEvery([LlamaDecoderLayer], every)
+    return fsdpviz.tune(
+        LlamaForCausalLM(cfg), ids, world_size=8, fully_shard=[LlamaDecoderLayer],
+        activation_checkpointing=ac, knobs=knobs, exhaustive=True, progress=False, workers=1,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("layers", [4, 3])
+def test_hugging_face_llama_derived_as_traced(layers: int) -> None:
+    """Hugging Face's Llama: each checkpoint holds the decoder layer's keyword inputs
+    (``position_ids``) into the first checkpointed layer's backward (see
+    test_checkpoint_replay). Every 2nd of 4 layers (the last checkpointed) is derived, and
+    every 2nd of 3 (the last not: the stretch in which the trace without checkpointing
+    lets go of them taken from the checkpointed trace), each as traced."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CheckpointPairs, "derive", lambda self, *args: None)
+        traced_each = _llama_tune(layers)
+    tuned = _llama_tune(layers)
+    made = {c.knobs["activation_checkpointing"] for c in tuned.candidates if c.derived}
+    assert made == {"every 2nd LlamaDecoderLayer"} and tuned.checkpoint_derived == 1
+    assert tuned.traces + tuned.checkpoint_derived == traced_each.traces
+    assert _candidates(tuned) == _candidates(traced_each)
+
+
+def test_each_pair_captured_once() -> None:
+    """The user's every 3rd of 4 layers beside tune's every 2nd, on each micro-batch: each
+    pair's capture is made once for both, each derived as the search that traces each
+    makes it."""
+    from fsdpviz.tuning import checkpoint_pairs
+
+    made: list[tuple[fsdpviz.Report, fsdpviz.Report]] = []
+    capture = checkpoint_pairs.checkpoint_capture
+
+    def counted(none: fsdpviz.Report, full: fsdpviz.Report) -> CheckpointCapture | None:
+        made.append((none, full))
+        return capture(none, full)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CheckpointPairs, "derive", lambda self, *args: None)
+        traced_each = _llama_tune(4, 3, batch=4)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checkpoint_pairs, "checkpoint_capture", counted)
+        tuned = _llama_tune(4, 3, batch=4)
+
+    def samples(c: Any) -> str:  # (the micro-batch's samples: its trace key's)
+        return str(c.knobs["micro_batch"].split(" x ")[0])
+
+    sizes = {samples(c) for c in tuned.candidates}
+    assert len(sizes) == 3 and len(made) == len(sizes)  # one capture per micro-batch
+    assert len({(id(a), id(b)) for a, b in made}) == len(made)
+    derived = {
+        (samples(c), c.knobs["activation_checkpointing"]) for c in tuned.candidates if c.derived
+    }
+    # (every 3rd of 4 samples: the configuration as given, traced first)
+    assert derived == {
+        (b, f"every {x} LlamaDecoderLayer") for b in sizes for x in ("2nd", "3rd")
+    } - {("4", "every 3rd LlamaDecoderLayer")}
+    assert tuned.traces + tuned.checkpoint_derived == traced_each.traces
+    assert _candidates(tuned) == _candidates(traced_each)
+
+
+def test_a_family_without_a_capture_leaves_the_others_derived() -> None:
+    """FSDP1, the user's every 3rd of the example's 4 layers beside tune's every 2nd, on
+    each unit choice and forward prefetch (the search's outer knobs). Forward prefetch
+    runs the next layer's all-gather inside a layer's stretches: those pairs give no
+    capture, their every n-th layer traced as asked; the next units' without prefetch
+    still derive (their sibling with each layer traced ahead), each candidate as the search
+    that traces each makes it."""
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
     def tune() -> Tuning:
-        cfg = LlamaConfig(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=96,
-            use_cache=False,
-        )  # use_cache=False: the configuration as given keys the same traces as the rest
-        ids = example_inputs(ExampleConfig(vocab_size=96), batch=2, seq=12)
         return fsdpviz.tune(
-            LlamaForCausalLM(cfg), ids, world_size=8, fully_shard=[LlamaDecoderLayer],
-            knobs=("activation_checkpointing",), exhaustive=True, progress=False, workers=1,
+            example_model(CONFIG), example_inputs(CONFIG, batch=2, seq=32), world_size=8,
+            auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+            activation_checkpointing=CheckpointEvery([DecoderLayer], 3),
+            knobs=("wrap", "forward_prefetch", "activation_checkpointing"), exhaustive=True,
+            progress=False, workers=1,
         )  # fmt: skip
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(CheckpointPairs, "derive", lambda self, *args: None)
         traced_each = tune()
     tuned = tune()
-    if layers == 4:
-        assert tuned.checkpoint_derived > 0 and tuned.traces < traced_each.traces
-    else:
-        assert tuned.checkpoint_derived == 0 and tuned.traces == traced_each.traces
+    first, second = list(dict.fromkeys(c.knobs["wrap"] for c in tuned.candidates))[:2]
+    derived = {
+        (c.knobs["wrap"], c.knobs["forward_prefetch"], c.knobs["activation_checkpointing"])
+        for c in tuned.candidates
+        if c.derived
+    }
+    assert derived == {
+        (first, "False", "every 2nd DecoderLayer"),  # (every 3rd: the configuration as given)
+        (second, "False", "every 2nd DecoderLayer"),
+        (second, "False", "every 3rd DecoderLayer"),
+    }
+    assert tuned.traces + tuned.checkpoint_derived == traced_each.traces
     assert _candidates(tuned) == _candidates(traced_each)
 
 
@@ -245,3 +331,93 @@ def test_workers_leave_a_key_whose_missing_sibling_is_not_traced(source: str) ->
     derived = [sorted((sorted(c.knobs.items()), c.derived) for c in t.candidates)
                for t in (forked, in_process)]  # fmt: skip
     assert derived[0] == derived[1]
+
+
+class _Search:
+    """A search of checkpointing and micro-batch (each a trace key of its labels) that
+    traces nothing: a trace stands for itself (the pairs' capture made by a stand-in)."""
+
+    def __init__(self) -> None:
+        self.traces: dict[tuple[Any, ...], StoredTrace] = {}
+
+    def trace_key(self, config: dict[str, Choice], any_batch: bool = False) -> tuple[Any, ...]:
+        mb = None if any_batch else config["micro_batch"].label
+        return (config["activation_checkpointing"].label, mb)
+
+    def traced_changes(self, config: dict[str, Choice]) -> TuneKwargs:
+        return TuneKwargs()
+
+    def trace_of(self, key: tuple[Any, ...]) -> StoredTrace | None:
+        return self.traces.get(key)
+
+    def trace(self, key: tuple[Any, ...], config: dict[str, Choice]) -> None:
+        self.traces[key] = StoredTrace(fsdpviz.Report.__new__(fsdpviz.Report), TuneKwargs())
+
+    def ahead(self, key: tuple[Any, ...], config: dict[str, Choice]) -> bool:
+        return True
+
+    def untraced(self, key: tuple[Any, ...], config: dict[str, Choice]) -> TuneKwargs | None:
+        return None
+
+    def wanted(self, key: tuple[Any, ...], config: dict[str, Choice]) -> bool:
+        return True
+
+
+class _Capture:
+    """A capture that derives every ``n``-th block but the 3rd (its plan: no profile)."""
+
+    def derives(self, n: int) -> bool:
+        return n != 3
+
+    def every(self, n: int) -> Any:
+        return types.SimpleNamespace(profile=None, n=n)
+
+
+def test_a_refused_n_leaves_the_others_derived() -> None:
+    """Every 3rd block refused on the first micro-batch (its sibling with each block traced
+    ahead): every 2nd is still derived on the next, its sibling traced ahead, and every 3rd
+    not; each pair's capture made once for both."""
+    from fsdpviz.tuning import checkpoint_pairs
+
+    knob = "activation_checkpointing"
+    none, every2, every3, each = (
+        Choice(knob, label, TuneKwargs(activation_checkpointing=spec))
+        for label, spec in [
+            ("none", None),
+            ("every 2nd", CheckpointEvery([DecoderLayer], 2)),
+            ("every 3rd", CheckpointEvery([DecoderLayer], 3)),
+            ("each", [DecoderLayer]),
+        ]
+    )
+    search = _Search()
+    pairs = CheckpointPairs(search, [none, every2, every3, each])
+    made: list[Any] = []
+
+    def capture(*traces: Any) -> _Capture:
+        made.append(traces)
+        return _Capture()
+
+    def derive(ac: Choice, mb: str) -> Any:
+        config = {knob: ac, "micro_batch": Choice("micro_batch", mb)}
+        key = search.trace_key(config)
+        if key in search.traces:
+            return "traced"
+        derived = pairs.derive(key, config, search.trace)
+        if derived is None:
+            search.trace(key, config)
+            return "traced"
+        return derived[0].n
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checkpoint_pairs, "checkpoint_capture", capture)
+        asked = [
+            (none, "a"),
+            (every3, "a"),
+            (none, "b"),
+            (every2, "b"),
+            (every3, "b"),
+            (every2, "a"),
+        ]
+        got = [derive(ac, mb) for ac, mb in asked]
+    assert got == ["traced", "traced", "traced", 2, "traced", 2]
+    assert ("each", "b") in search.traces and len(made) == 2

@@ -13,8 +13,10 @@ with the batch (a backward's gradients of activations against the weights' gradi
 makes). So the traces keep every moment they weighed
 (:func:`fsdpviz.trace.probe_records.recording_moments`, ``StepProfile.moments``); paired
 moment by moment, each is a line in ``b``, and a peak at ``b`` is the first line with the
-most there. Only the lines on the upper envelope over ``b >= 1`` (touching included: a tie
-goes to the earliest) are kept.
+most there. ``peak_unbuffered`` (FSDP1 under parameter mixed precision, a unit run twice)
+is weighed so on the moments less the gradients then held for another forward call of a
+unit (``StretchMoments.call_grads``). Only the lines on the upper envelope over ``b >= 1``
+(touching included: a tie goes to the earliest) are kept.
 
 Kernels identical at a batch are one record there (the probe merges them, the first's
 place kept): :meth:`BatchCapture.at` merges them again. The ``out_of_memory`` warning is
@@ -173,6 +175,10 @@ class _Peaks:
     held: list[tuple[int, int, int]]  # envelope of activations + temp
     now: list[tuple[int, int, int]]  # ... + new gradients
     views: dict[str, tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]]
+    # envelope of activations + temp less the gradients held for another forward call
+    # (peak_unbuffered), and those gradients at each moment it keeps, at both batches
+    unbuffered: list[tuple[int, int, int]]
+    call_grads: dict[int, tuple[int, int]]
 
     @classmethod
     def of(cls, low: StretchMoments, high: StretchMoments, batches: _Batches) -> _Peaks:
@@ -189,8 +195,18 @@ class _Peaks:
         views = {
             u: (_envelope(now[:k]), _envelope(held[:k])) for u, k in low.param_views_at.items()
         }
-        out = cls({}, _envelope(held), _envelope(now), views)
-        kept = {i for env in (out.held, out.now) for i, _, _ in env}
+        grads = list(zip(low.call_grads, high.call_grads, strict=False))
+        if len(grads) != len(low.moments) or len(high.call_grads) != len(high.moments):
+            raise _NotExact("a stretch without the gradients held for another call")
+        unbuffered = [
+            (i, *batches.scaled(sum(m1[:3]) - g1, sum(m2[:3]) - g2))
+            for i, ((m1, m2), (g1, g2)) in enumerate(
+                zip(zip(low.moments, high.moments, strict=True), grads, strict=True)
+            )
+        ]
+        out = cls({}, _envelope(held), _envelope(now), views, _envelope(unbuffered), {})
+        out.call_grads = {i: grads[i] for i, _, _ in out.unbuffered}
+        kept = {i for env in (out.held, out.now, out.unbuffered) for i, _, _ in env}
         kept |= {i for pair in views.values() for env in pair for i, _, _ in env}
         for i in kept:
             m1, m2 = low.moments[i], high.moments[i]
@@ -206,6 +222,9 @@ class _Peaks:
         win = self._part(_first_most(self.now, b), b, batches)
         held = self._part(_first_most(self.held, b), b, batches)
         freed = dict(win[4])
+        i = _first_most(self.unbuffered, b)
+        free = self._part(i, b, batches)
+        calls = batches.value(*self.call_grads[i], b)
         views = {}
         for unit, (now_env, held_env) in self.views.items():
             v = self._part(_first_most(now_env, b), b, batches)
@@ -221,6 +240,7 @@ class _Peaks:
                 u: [freed.get(u, 0), batches.value(*_ends(v[1]), b)] for u, v in scales.items()
             },
             "param_views_freed": views,
+            "peak_unbuffered": [sum(free[:3]) - calls, free[0], free[1]],
         }
 
     def _part(self, i: int, b: int, batches: _Batches) -> tuple[Any, ...]:
@@ -301,6 +321,7 @@ class BatchCapture:
         self._batches = _Batches(b1, b2)
         d1, d2 = _unfitted(low), _unfitted(high)
         self._stretches: list[list[tuple[_Peaks | None, Any, Any, Any]]] = []
+        self._unbuffered: list[bool] = []  # by iteration: whether peak_unbuffered is measured
         p1, p2 = d1["profile"], d2["profile"]
         assert low.profile is not None and high.profile is not None
         steps = zip(low.profile.iterations, high.profile.iterations, strict=True)
@@ -310,16 +331,25 @@ class BatchCapture:
             rows = []
             if len(it1.moments) != len(it1.peak) or len(it2.moments) != len(it2.peak):
                 raise _NotExact("a trace without its moments")
-            if it1.peak_unbuffered or it2.peak_unbuffered:  # its moments do not weigh them
-                raise _NotExact("gradients held for another forward call of a unit")
+            if (it1.peak_unbuffered is None) != (it2.peak_unbuffered is None):
+                raise _NotExact("gradients held for another forward call measured once")
+            # (peak_unbuffered weighed by stretch, kept where it is not peak_in_place)
+            self._unbuffered.append(it1.peak_unbuffered is not None)
+            s1.pop("peak_unbuffered", None)
+            s2.pop("peak_unbuffered", None)
             for k, (m1, m2) in enumerate(zip(it1.moments, it2.moments, strict=True)):
                 if (m1 is not None and m1.partitioned) or (m2 is not None and m2.partitioned):
                     raise _NotExact("torch's partitioner chose what a compiled region saves")
                 fixed = {f: _pair(s1[f][k], s2[f][k], f) for f in _PEAKS}
+                u1, u2 = (
+                    list((it.peak_unbuffered or {}).get(k, it.peak_in_place[k]))
+                    for it in (it1, it2)
+                )
+                fixed["peak_unbuffered"] = _pair(u1, u2, "peak_unbuffered")
                 peaks = None
                 if m1 is not None and m2 is not None:
                     peaks = _Peaks.of(m1, m2, self._batches)
-                elif any(_has_line(fixed[f]) for f in _PEAKS):
+                elif any(_has_line(fixed[f]) for f in (*_PEAKS, "peak_unbuffered")):
                     raise _NotExact("a stretch whose peaks change has no moments")
                 kernels = _kernel_template(s1["kernels"][k], s2["kernels"][k], m1, m2)
                 rows.append((peaks, fixed, kernels, fixed["scales_freed"]))
@@ -351,17 +381,23 @@ class BatchCapture:
 
     def _dict_at(self, b: int) -> dict[str, Any]:
         d: dict[str, Any] = _at(self._template, self._batches, b)
-        for step, rows in zip(d["profile"]["iterations"], self._stretches, strict=True):
+        steps = zip(d["profile"]["iterations"], self._stretches, self._unbuffered, strict=True)
+        for step, rows, measured in steps:
             for f in (*_PEAKS, "kernels"):
                 step[f] = []
-            for peaks, fixed, kernels, scales in rows:
+            unbuffered = {}
+            for k, (peaks, fixed, kernels, scales) in enumerate(rows):
                 if peaks is None:
-                    values = {f: _at(fixed[f], self._batches, b) for f in _PEAKS}
+                    values = {f: _at(fixed[f], self._batches, b) for f in fixed}
                 else:
                     values = peaks.at(b, self._batches, scales)
                 for f in _PEAKS:
                     step[f].append(values[f])
+                if values["peak_unbuffered"] != values["peak_in_place"]:
+                    unbuffered[str(k)] = values["peak_unbuffered"]
                 step["kernels"].append(_kernels_at(kernels[0], kernels[1], self._batches, b))
+            if measured:
+                step["peak_unbuffered"] = unbuffered
         return d
 
 

@@ -70,10 +70,18 @@ block's backward differs by beyond the deltas. The trace records where each fram
 stretch, its peaks then, its moments so far), so the first checkpointed block's stretch
 there is exact: its end that much lower, a peak reached after the frame let go that much
 lower where it is still the peak, else the peak as it was when the frame let go.
-:meth:`CheckpointCapture.derives` is False (``every`` refuses) where the last block is not
-checkpointed but some block is: the trace without checkpointing lets go of those bytes
-inside its stretches as the forward returns, at a moment it does not record (every 3rd of 4
-blocks). A capture whose checkpointed trace did not record the releases (a report read
+Where the last block is not checkpointed but some block is (every 3rd of 4 blocks), the
+trace without checkpointing lets go of those bytes in the last block's last forward
+stretch (from its ``post_forward`` to the next hook call: no block's compute, the model's
+forward returning), at a moment it does not record, where the plan holds them on. That
+stretch is taken from the checkpointed trace, which holds them through it as the plan
+does: what runs there is the same in both traces, the blocks' saves aside, so the plan
+holds the deltas of the blocks it does not checkpoint (the last one's too) more than that
+trace at every moment of it. The capture checks that the stretch agrees (its FLOPs,
+kernels, gradients; its end and peak in the trace without checkpointing as that trace's
+and the deltas, less the keyword inputs at the end, less at most them at the peak); where
+it does not, :meth:`CheckpointCapture.derives` is False for such ``n`` (``every``
+refuses). A capture whose checkpointed trace did not record the releases (a report read
 back from JSON) is refused where keyword inputs are kept.
 
 The moments a trace keeps (:func:`~fsdpviz.trace.probe_records.recording_moments`) are
@@ -118,6 +126,10 @@ _STRETCH_FIELDS = (
 
 _HELD = ("activations", "forward_temp", "backward_temp")
 """What a stretch holds at its end: the counters a block's choice shifts."""
+
+_UNSHIFTED = ("flops_forward", "flops_backward", "grads", "peak_grads", "kernels", "scales_freed")
+"""The stretch fields a block's choice leaves alone where the block's compute is not in the
+stretch (the last block's last forward stretch: :meth:`CheckpointCapture._borrowed`)."""
 
 
 class _NotExact(Exception):
@@ -188,6 +200,7 @@ class CheckpointCapture:
         self._delta: list[list[tuple[int, int, int]]] = []
         self._kept: list[int] = []
         self._released: list[list[tuple[int, tuple[int, ...], int | None]]] = []
+        self._borrows = True  # the kept keyword inputs' release stretch borrowed: _borrowed
         for step, (it0, it1) in enumerate(zip(p0["iterations"], p1["iterations"], strict=True)):
             if it0["hooks"] != it1["hooks"] or it0["event_hook"] != it1["event_hook"]:
                 raise _NotExact("other hook calls")
@@ -262,6 +275,24 @@ class CheckpointCapture:
         if wrong:
             k, (d, held) = next(iter(wrong.items()))
             raise _NotExact(f"stretch {k} holds {d} more without checkpointing, not {held}")
+        self._borrows = self._borrows and self._borrowable(step)
+
+    def _borrowable(self, step: int) -> bool:
+        """Whether the stretch in which the trace without checkpointing lets go of the
+        keyword inputs (the last block's last forward stretch) is, in that trace, the
+        checkpointed trace's with the blocks' saves held and the keyword inputs let go of
+        at some moment: the same FLOPs, kernels and gradients, its end the deltas of all
+        blocks and less the keyword inputs higher, its peak the deltas higher, less at most
+        the keyword inputs (see :meth:`_borrowed`)."""
+        k = self._blocks[-1].forward[step][1]
+        it0, it1 = (d["profile"]["iterations"][step] for d in self._dicts)
+        if any(it0[f][k : k + 1] != it1[f][k : k + 1] for f in _UNSHIFTED):
+            return False
+        held = sum(sum(x) for x in self._delta[step])
+        end0, end1 = (sum(it[f][k] for f in _HELD) for it in (it0, it1))
+        peak0, peak1 = int(it0["peak"][k]), int(it1["peak"][k])
+        kept = self._kept[step]
+        return end0 == end1 + held - kept and peak1 + held - kept <= peak0 <= peak1 + held
 
     def _holds(self, step: int, k: int, source: int, first: int | None = None) -> bool:
         """Whether the keyword inputs the frames alone keep are held at the end of stretch
@@ -320,11 +351,26 @@ class CheckpointCapture:
 
     def derives(self, n: int) -> bool:
         """Whether :meth:`every` gives ``n``'s plan exactly: not where the checkpoints'
-        frames alone keep keyword inputs and the last block is not checkpointed, but some
-        is (the trace without checkpointing lets go of them inside the last block's
-        stretches, as the forward returns, the plan not: see the module's docstring)."""
+        frames alone keep keyword inputs, the last block is not checkpointed, but some is,
+        and the stretch in which the trace without checkpointing lets go of them does not
+        agree with the checkpointed trace's (:meth:`_borrowable`; see the module's
+        docstring)."""
         chosen = self._chosen(n)
-        return not chosen or not any(self._kept) or len(self._blocks) - 1 in chosen
+        last = len(self._blocks) - 1
+        return not chosen or not any(self._kept) or last in chosen or self._borrows
+
+    def _borrowed(self, step: int, k: int, chosen: set[int]) -> bool:
+        """Whether stretch ``k`` is taken from the checkpointed trace though no checkpointed
+        block owns it: the last block's last forward stretch, in which the trace without
+        checkpointing lets go of the keyword inputs the plan's frames keep (the last block
+        not checkpointed, some block so; see the module's docstring)."""
+        last = len(self._blocks) - 1
+        return (
+            bool(self._kept[step])
+            and bool(chosen)
+            and last not in chosen
+            and k == self._blocks[-1].forward[step][1]
+        )
 
     def _chosen(self, n: int) -> set[int]:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -352,6 +398,8 @@ class CheckpointCapture:
 
     def _source(self, step: int, k: int, chosen: set[int]) -> int:
         """Which trace stretch ``k`` comes from (1: the checkpointed one)."""
+        if self._borrowed(step, k, chosen):
+            return 1
         for i, b in enumerate(self._blocks):
             if b.owns(step, k):
                 return int(i in chosen)
@@ -362,14 +410,17 @@ class CheckpointCapture:
     ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """What the plan holds more than the trace ``source`` (activations, forward and
         backward temporaries) at the end of stretch ``k``, and at its peaks: what the blocks
-        holding their saves through it hold, and the keyword inputs the frames alone keep
-        (the first checkpointed block's frame lets go of them in its backward, after the
-        stretch's peaks: :meth:`derives`)."""
+        holding their saves through it hold (and the last block's, in the stretch
+        :meth:`_borrowed` from the checkpointed trace), and the keyword inputs the frames
+        alone keep (the first checkpointed block's frame lets go of them in its backward:
+        there the peaks shifted as held, :func:`_let_go` lowering those reached after)."""
         out = (0, 0, 0)
         for i, b in enumerate(self._blocks):
             if b.holding(step, k) and (i in chosen) != bool(source):
                 d = self._delta[step][i]
                 out = _plus(out, d) if source else _minus(out, d)
+        if self._borrowed(step, k, chosen):
+            out = _plus(out, self._delta[step][-1])
         kept = self._kept[step]
         if not kept:
             return out, out

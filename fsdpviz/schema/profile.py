@@ -114,11 +114,15 @@ class StretchMoments:
     the most of the first three. ``param_views_at``: by unit, how many moments were weighed
     when ``param_views_freed`` took its snapshot. ``kernels``: every kernel the stretch
     launched, ``(key, count, bytes)`` in order, before the probe merged the identical ones
-    (those of ``kernels`` but the ``fused``)."""
+    (those of ``kernels`` but the ``fused``). ``call_grads``: at each moment, where the
+    trace measured ``peak_unbuffered``, the bytes of the gradients one forward call of a unit
+    made that autograd held for another call's (``peak_unbuffered`` is the first moment with
+    the most of the first three less those)."""
 
     moments: list[tuple[int, int, int, int, tuple[tuple[str, int], ...] | None]] = field(
         default_factory=list
     )
+    call_grads: list[int] = field(default_factory=list)
     param_views_at: dict[str, int] = field(default_factory=dict)
     kernels: list[tuple[tuple[Any, ...], int, float]] = field(default_factory=list)
     # whether torch's partitioner decided what a compiled loss or compiled checkpointed

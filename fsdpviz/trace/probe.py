@@ -404,6 +404,7 @@ class CostProbe(
             s.moments.moments.append(
                 (live[ACT], live[FWD_TEMP], live[BWD_TEMP], s.grad_bytes, freed)
             )
+            s.moments.call_grads.append(self._call_grads.bytes)
         if self._watch is not None and sum(live) > self._watch[0]:
             self._watch[:] = [sum(live), *live]
 
@@ -543,7 +544,11 @@ class CostProbe(
             peak_forward_temp=live[FWD_TEMP],
             peak_in_place=(held, live[ACT], live[FWD_TEMP]),
             peak_unbuffered=(held - self._call_grads.bytes, live[ACT], live[FWD_TEMP]),
-            moments=StretchMoments([start]) if self._keep_moments else None,
+            moments=(
+                StretchMoments([start], call_grads=[self._call_grads.bytes])
+                if self._keep_moments
+                else None
+            ),
         )
 
     def _on_hook(self, entry: Any) -> None:

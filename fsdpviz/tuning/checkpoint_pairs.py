@@ -8,10 +8,14 @@ both siblings' traces are there, made with the same replayed knobs, its trace is
 from them; where one is there, made with the configuration's replayed knobs, and the other
 is not, the other is traced in its place (one trace either way, and the search that later
 asks for that sibling finds it traced), unless the configuration's micro-batch family
-derives its trace (:mod:`fsdpviz.tuning.batch_families`) or a pair of this search was
-refused already (the model's blocks do not derive: each trace then made as asked; the
-sibling traced for the refused pair is the one trace a search may spend in vain). The
-derived trace is made with the siblings' replayed knobs, which
+derives its trace (:mod:`fsdpviz.tuning.batch_families`) or a pair of the same family (the
+trace key but the micro-batch's samples: the same units, precision, mesh, ...) was refused
+already: it gave no capture (the blocks do not derive there: each trace of the family then
+made as asked), or its capture did not derive the configuration's ``n``
+(:meth:`~fsdpviz.replan.checkpoint_replay.CheckpointCapture.derives`: that ``n`` then
+traced as asked, the other ``n`` still derived). The sibling traced for a refused pair is
+the one trace a family may spend in vain (for ``n``). Each pair's capture is made once, for
+every ``n`` it is asked for. The derived trace is made with the siblings' replayed knobs, which
 tune replays to each configuration's own as it replays any trace of a key. Traces made side
 by side in forked workers leave such a key to the search, and trace the sibling it would
 trace first in its place, or none where the search takes that sibling without tracing it
@@ -23,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from fsdpviz.replan.checkpoint_replay import checkpoint_capture
+from fsdpviz.replan.checkpoint_replay import CheckpointCapture, checkpoint_capture
 from fsdpviz.schema.checkpointing import CheckpointEvery
 from fsdpviz.schema.report import Report
 from fsdpviz.tuning.retune import StoredTrace, same_changes
@@ -45,8 +49,9 @@ the one as given."""
 class PairSearch(Protocol):
     """What the pairs ask of their search (:class:`~fsdpviz.tuning.evaluation.Evaluations`)."""
 
-    def trace_key(self, config: Config) -> Key:
-        """``config``'s trace key."""
+    def trace_key(self, config: Config, any_batch: bool = False) -> Key:
+        """``config``'s trace key (``any_batch``: with ``None`` for its micro-batch's
+        samples)."""
         ...
 
     def traced_changes(self, config: Config) -> TuneKwargs:
@@ -73,13 +78,19 @@ class PairSearch(Protocol):
 
 
 class CheckpointPairs:
-    """The pairs of one search (see the module's docstring): whether one was refused.
-    ``choices``: the checkpointing choices the search offers."""
+    """The pairs of one search (see the module's docstring): their captures, the families
+    refused. ``choices``: the checkpointing choices the search offers."""
 
     def __init__(self, search: PairSearch, choices: list[Choice]) -> None:
         self.search = search
         self.choices = choices
-        self.refused = False  # a pair did not derive: no sibling traced ahead any more
+        # (family, n) a pair did not derive (n None: no capture): no sibling traced ahead
+        self.refused: set[tuple[Key, int | None]] = set()
+        # each pair's capture (None: not exact) and the n it is still to be asked for, by
+        # its siblings' trace keys (let go once asked for each)
+        self._captures: dict[tuple[Key, Key], tuple[CheckpointCapture | None, set[int]]] = {}
+        specs = [c.kwargs.get(_KNOB) for c in choices]
+        self._every = {s.every for s in specs if isinstance(s, CheckpointEvery) and s.every > 1}
 
     @staticmethod
     def siblings(
@@ -122,21 +133,19 @@ class CheckpointPairs:
         pair = self._pair(key, config, first)
         if pair is None:
             return None
-        (k0, _), (k1, _), n = pair
-        one, two = self.search.trace_of(k0), self.search.trace_of(k1)
-        assert one is not None and two is not None
-        plan = self.derived((one.report, two.report), n)
+        (k0, c0), (k1, _), n = pair
+        one = self.search.trace_of(k0)
+        assert one is not None
+        plan = self.derived((k0, k1), n, self.search.trace_key(c0, any_batch=True))
         return None if plan is None else (plan, one.changes.copy())
 
     def left_to_derive(self, todo: Batch) -> Batch:
         """``todo`` (the forked workers' batch) without the keys :meth:`derive` will derive
         once they are traced (:meth:`_pair`, asked ahead: a sibling in ``todo`` as made with
         its configuration's own keywords; the sibling missing taken as the search takes it
-        without tracing it, else put in the batch where the workers trace it). Unchanged
-        once a pair was refused."""
+        without tracing it, else put in the batch where the workers trace it; not for a
+        family and ``n`` refused)."""
         out = dict(todo)
-        if self.refused:
-            return out
         for key, (config, mine) in todo.items():
 
             def first(k: Key, c: Config, mine: bool = mine) -> TuneKwargs | None:
@@ -169,14 +178,15 @@ class CheckpointPairs:
         """``config``'s siblings and ``n`` (``key``: its trace key) where both siblings'
         traces are there (:meth:`_made_with`), made with the same keywords; where one is,
         made with ``config``'s own, and the search traces ahead for ``key``, the other is
-        made ``first`` (what the search will have for it; None: nothing yet). None: no
-        pair to derive from."""
+        made ``first`` (what the search will have for it; None: nothing yet), unless its
+        family was refused (for ``n``). None: no pair to derive from."""
         sibs = self.siblings(key, config, self.choices, self.search.trace_key)
         if sibs is None:
             return None
-        s0, s1, _ = sibs
+        s0, s1, n = sibs
         there = [self._made_with(s0[0], batch), self._made_with(s1[0], batch)]
-        if there.count(None) == 1 and not self.refused:
+        family = self.search.trace_key(s0[1], any_batch=True)
+        if there.count(None) == 1 and not {(family, None), (family, n)} & self.refused:
             missing = there.index(None)
             have = there[1 - missing]
             own = self.search.traced_changes(config)
@@ -186,13 +196,21 @@ class CheckpointPairs:
         pairs = one is not None and two is not None and same_changes(one, two)
         return sibs if pairs else None
 
-    def derived(self, traces: tuple[Report, Report], n: int) -> Report | None:
-        """The plan that checkpoints every ``n``-th block from the siblings' traces (without
-        checkpointing, with each block); None where not exact (noted: no sibling is traced
-        ahead any more)."""
-        capture = checkpoint_capture(*traces)  # (not kept: each key is derived once)
+    def derived(self, keys: tuple[Key, Key], n: int, family: Key) -> Report | None:
+        """The plan that checkpoints every ``n``-th block from the traces of the siblings
+        ``keys`` (without checkpointing, with each block; their capture made once); None
+        where not exact (noted: no sibling of ``family`` is traced ahead any more where the
+        pair gave no capture, none for ``n`` where it did not derive ``n``)."""
+        if keys not in self._captures:
+            one, two = (self.search.trace_of(k) for k in keys)
+            assert one is not None and two is not None
+            self._captures[keys] = (checkpoint_capture(one.report, two.report), set(self._every))
+        capture, left = self._captures[keys]
+        left.discard(n)
+        if not left:
+            del self._captures[keys]  # (each key is derived once: no n left to ask for)
         if capture is None or not capture.derives(n):
-            self.refused = True
+            self.refused.add((family, None if capture is None else n))
             return None
         plan = capture.every(n)
         for step in plan.profile.iterations if plan.profile is not None else []:
