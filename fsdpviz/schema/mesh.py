@@ -183,7 +183,7 @@ class ParallelDims:
         return self.world_size // (self.tp * self.pp)
 
     def post_forward(self, ranks: int) -> tuple[int, int]:
-        """FSDP2's shard group as ``reshard_after_forward=ranks`` splits it for the
+        """FSDP2's shard group as resharding to ``ranks`` after forward splits it for the
         backward all-gather (torch's ``_init_post_forward_mesh_info``): ``(groups, ranks)``,
         outermost first, ``groups`` of ``ranks`` consecutive ranks each.
 
