@@ -110,3 +110,36 @@ def test_degrees_are_checked_once() -> None:
         ParallelDims(world_size=2.0)  # type: ignore[arg-type]
     with pytest.raises(AttributeError):
         ParallelDims().tp = 2  # type: ignore[misc]
+
+
+def test_product_stated_and_post_forward() -> None:
+    """The world size from the degrees; the degrees from a report's counts; FSDP2's shard
+    group split for ``reshard_after_forward=N``."""
+    d = ParallelDims.product(dp_replicate=2, dp_shard=4, tp=2, hsdp=True)
+    assert counts(d) == (16, 2, 4, 1, 2, 1, 8, 4, 8) and d.hsdp
+    assert ParallelDims.stated(64, 8, tp=4) == ParallelDims.filled(64, dp_replicate=-1,
+                                                                   dp_shard=8, tp=4)  # fmt: skip
+    cp = ParallelDims.stated(16, 8, cp=4, hsdp=False)
+    assert counts(cp) == (16, 2, 2, 4, 1, 1, 4, 8, 16) and not cp.hsdp
+    # counts that do not divide, as a report may state them: rounded down, at least 1
+    assert counts(ParallelDims.stated(6, 4, cp=8)) == (6, 1, 1, 8, 1, 1, 1, 8, 6)
+    assert ParallelDims.stated(8, 4, dp_replicate=1).hsdp is False
+    assert ParallelDims.filled(16).post_forward(8) == (2, 8)
+    assert ParallelDims.filled(16, cp=2).post_forward(4) == (4, 4)  # of dp_shard x cp
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"world_size": 8},
+        {"mesh": ("dp_replicate", 2, "dp_shard", 4)},
+        {"mesh": ("dp_shard", 2, "cp", 4)},
+        {"mesh": (2, 4)},
+    ],
+)
+def test_fsdp2_options_hold_their_ranks_once(kwargs: dict[str, object]) -> None:
+    """The parser reads the mesh into one ``ParallelDims``; the report states it."""
+    opts = parse_fsdp2_options(dict(kwargs))
+    assert opts.world_size == opts.dims.world_size
+    assert opts.describe([]).mesh_dims == opts.dims
+    assert not {"shard_size", "replicas", "cp_size", "tp_size"} & set(vars(opts))

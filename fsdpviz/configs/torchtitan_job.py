@@ -194,18 +194,19 @@ def mesh_degrees(
             return ParallelDims.filled(ranks, dp_replicate=replicate, cp=cp, tp=tp, pp=pp)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}; give a world size that does") from None
-    elif shard < 1:
+    if shard < 1:
         raise ConfigError(
             f"{where}: parallelism.data_parallel_shard_degree must be -1 or 1 or more, got {shard}"
         )
-    elif world_size is not None and world_size != shard * others:
+    dims = ParallelDims.product(dp_replicate=replicate, dp_shard=shard, cp=cp, tp=tp, pp=pp,
+                                hsdp=replicate > 1)  # fmt: skip
+    if world_size is not None and world_size != dims.world_size:
         note(
             notes,
             f"{where}: data_parallel_shard_degree = {shard} x the other degrees ({others}) "
             f"is planned, not the {world_size} ranks given",
         )
-    return ParallelDims(world_size=shard * others, dp_replicate=replicate, dp_shard=shard,
-                        cp=cp, tp=tp, pp=pp, hsdp=replicate > 1)  # fmt: skip
+    return dims
 
 
 def float8_option(data: dict[str, Any], where: str, notes: list[str]) -> dict[str, object] | None:

@@ -131,11 +131,12 @@ def spans(config: ReportConfig, gpus_per_node: int) -> dict[str, Span]:
 def post_forward_span(config: ReportConfig, ranks: int, gpus_per_node: int) -> Span:
     """FSDP2 resharded after forward to ``ranks`` (``ReportConfig.post_forward_ranks``): the
     backward all-gather over consecutive ``ranks`` of the shard dimension
-    (``_init_post_forward_mesh_info``)."""
+    (``_init_post_forward_mesh_info``: :meth:`ParallelDims.post_forward`)."""
+    groups, inner = config.mesh_dims.post_forward(ranks)
     named: list[tuple[str, int]] = []
     for role, name, size in mesh_dims(config):
         if role == "shard":
-            named += [(name, max(1, size // ranks)), (f"{name} (post-forward)", ranks)]
+            named += [(name, groups), (f"{name} (post-forward)", inner)]
         else:
             named.append((name, size))
     index = next(i for i, (n, _) in enumerate(named) if n.endswith("(post-forward)"))

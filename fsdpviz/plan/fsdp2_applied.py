@@ -12,6 +12,7 @@ global shape, FSDP2's hooks and class swap are dropped. The user's model is not 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from typing import Any
 
@@ -27,6 +28,7 @@ from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.job import parse_job_options
 from fsdpviz.plan.tensor_parallel import plan_from_hooks, tp_hooks
 from fsdpviz.plan.torch_fsdp import installed
+from fsdpviz.schema.mesh import ParallelDims
 
 
 def fsdp2_states(model: nn.Module) -> list[Any]:
@@ -184,12 +186,13 @@ def plan_from_fully_sharded(
         for s in states
         if s._fsdp_param_group is not None and not s._fsdp_param_group.unshard_in_backward
     }
-    shard = sizes.pop() if sizes else 1
-    r = replicas.pop() if replicas else 1
+    ranks = ParallelDims.product(
+        dp_replicate=replicas.pop() if replicas else 1,
+        dp_shard=sizes.pop() if sizes else 1,
+        hsdp=hsdp,
+    )
     opts = FSDP2Options(
-        world_size=shard * r,
-        shard_size=shard if hsdp else 0,
-        replicas=r,
+        dims=ranks,
         mesh_names=_hsdp_names(infos[0]) if hsdp else None,
         offload=bool(offloads and offloads.pop()),
         targets=[g.fqns for g in groups],
@@ -215,10 +218,8 @@ def plan_from_fully_sharded(
     if tp is not None:  # the mesh's ranks: FSDP's 1-D mesh and the tp mesh
         (*_, tp_name), (*_, tp_size) = tp
         opts = opts.replace(
-            tp_size=tp_size,
+            dims=dataclasses.replace(ranks, world_size=math.prod(tp[1]), tp=tp_size),
             tp_name=tp_name,
-            world_size=math.prod(tp[1]),
-            shard_size=opts.dims.dp_shard_cp,
             mesh_dims=dict(zip(*tp, strict=True)),
             tp=plan_from_hooks(model, tp_size, tp_name),
         )

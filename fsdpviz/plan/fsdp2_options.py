@@ -23,7 +23,6 @@ from fsdpviz.plan.options import (
     check_dtypes,
     check_keywords,
     check_switch,
-    check_world_size,
     describe_precision,
     torch_rules,
     world_size,
@@ -44,7 +43,14 @@ class FSDP2Options:
     which checks the changed options again.
 
     Attributes:
-        world_size: ranks of the job (the mesh's, where ``mesh=`` is given).
+        dims: the job's ranks by mesh dimension (the mesh's, where ``mesh=`` is given), read
+            once by the parser: FSDP shards a group over ``dp_shard_cp`` (all ranks without
+            a mesh), ``hsdp`` where ``fully_shard`` gets a 2-D mesh (torch's
+            ``HSDPMeshInfo``, whose ``foreach_reduce`` all-reduces each gradient shard over
+            the replicate dimension, one replica included: the mesh's dimensionality
+            decides, not its size), and the tp and cp dimensions' sizes (FSDP shards over
+            dp_shard x cp, torchtitan's dp_shard_cp; each rank of a cp group holds 1/cp of
+            every sequence).
         targets: ``fully_shard=``: the module classes or FQNs each given a call, as given.
         reshard_after_forward: ``True``, ``False``, an int (ranks to reshard to), or
             ``{module FQN: bool or int}``; ``None``: torch's default (the root ``False``).
@@ -56,17 +62,13 @@ class FSDP2Options:
         trace: ``"meta"`` or ``"real"``.
         progress: show a progress bar (``None``: when the trace is slow).
         activation_checkpointing: module classes or a predicate run under checkpointing.
-        shard_size, replicas, mesh_names: the mesh: ranks a group's parameters are sharded
-            over (0: ``world_size``), the replicas of a 2-D mesh (HSDP: gradients
-            all-reduced across them), names as ``init_device_mesh``'s ``mesh_dim_names``.
+        mesh_names: a 2-D data-parallel mesh's (HSDP's) replicate and shard dimensions'
+            names, as ``init_device_mesh``'s ``mesh_dim_names`` (None: a 1-D mesh).
         offload: ``CPUOffloadPolicy``: shards, gradients, optimizer in host memory.
-        parallelize_plan, tp, tp_size, tp_name, mesh_dims: tensor parallelism:
-            ``parallelize_module``'s plan as given and as resolved on the traced copy (by
-            the schedule, with :meth:`replace`), the tp dimension's size and name, and the
-            mesh as given.
-        cp_size: context parallelism: the cp mesh dimension's size (FSDP shards over
-            dp_shard x cp, torchtitan's dp_shard_cp; each rank of a cp group holds 1/cp of
-            every sequence).
+        parallelize_plan, tp, tp_name, mesh_dims: tensor parallelism: ``parallelize_module``'s
+            plan as given and as resolved on the traced copy (by the schedule, with
+            :meth:`replace`), the tp dimension's name (its size: ``dims.tp``), and the mesh
+            as given.
         job: the job around FSDP: gradient accumulation, torch.compile, float8, TF32
             (``plan/job.py``).
         torch: whose FSDP2 (``torch_version=``; default the installed torch's):
@@ -89,7 +91,7 @@ class FSDP2Options:
             where a group freed them after forward, and fsdpviz refuses it.
     """
 
-    world_size: int
+    dims: ParallelDims
     targets: Any
     reshard_after_forward: bool | int | dict[str, bool | int] | None
     mp_policy: MixedPrecisionPolicy
@@ -100,16 +102,12 @@ class FSDP2Options:
     trace: TraceMode
     progress: bool | None
     activation_checkpointing: Any = None
-    shard_size: int = 0
-    replicas: int = 1
     mesh_names: tuple[str, str] | None = None
     offload: bool = False
     parallelize_plan: Any = None
     tp: TPPlan | None = None
-    tp_size: int = 1
     tp_name: str = ""
     mesh_dims: dict[str, int] | None = None
-    cp_size: int = 1
     job: JobOptions = field(default_factory=JobOptions)
     torch: TorchFSDP = field(default_factory=installed)
     reshard_after_backward: bool = True
@@ -118,7 +116,8 @@ class FSDP2Options:
     unshard_in_backward: bool | dict[str, bool] = True
 
     def __post_init__(self) -> None:
-        check_world_size(self.world_size)
+        if self.dims.hsdp != (self.mesh_names is not None):
+            raise ConfigError("dims.hsdp and mesh_names disagree: HSDP is a 2-D mesh, named")
         _check_reshard(self.reshard_after_forward)
         check_unshard_in_backward(self.unshard_in_backward)
         for name in ("reshard_after_backward", "requires_all_reduce"):
@@ -135,16 +134,9 @@ class FSDP2Options:
         return dataclasses.replace(self, **changes)
 
     @property
-    def dims(self) -> ParallelDims:
-        """The job's ranks by mesh dimension: FSDP shards a group over ``dp_shard_cp``
-        (``shard_size``, all ranks where 0), ``hsdp`` where ``fully_shard`` gets a 2-D mesh
-        (torch's ``HSDPMeshInfo``, whose ``foreach_reduce`` all-reduces each gradient shard
-        over the replicate dimension, one replica included: the mesh's dimensionality
-        decides, not its size)."""
-        shard = self.shard_size or self.world_size
-        return ParallelDims(world_size=self.world_size, dp_replicate=self.replicas,
-                            dp_shard=shard // self.cp_size, cp=self.cp_size, tp=self.tp_size,
-                            hsdp=self.mesh_names is not None)  # fmt: skip
+    def world_size(self) -> int:
+        """The ranks of the job (the mesh's, where ``mesh=`` is given): ``dims.world_size``."""
+        return self.dims.world_size
 
     def reshard(self, group: Group) -> Group:
         """``group`` with its ``reshard_after_forward`` as these options give it for its
@@ -171,7 +163,7 @@ class FSDP2Options:
         ] = {  # each stated where it is not a plain 1-D plan's (the config's default)
             "shard_world_size": dims.dp_shard_cp if multi else None,
             "mesh": self._mesh(dims),
-            "tp_world_size": self.tp_size if self.tp else None,
+            "tp_world_size": dims.tp if self.tp else None,
             "parallelize_plan": self.tp.describe() if self.tp else None,
             "cp_world_size": dims.cp if dims.cp > 1 else None,
             "cpu_offload": self.offload,
@@ -319,8 +311,11 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
             "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
             "mesh; this plan has none (pass mesh=(replicas, shard ranks))"
         )
+    dims = ParallelDims(world_size=ws, dp_replicate=dp[0] if hsdp else 1,
+                        dp_shard=dp[-1] if dp else ws, cp=cp_size, tp=tp_size,
+                        hsdp=hsdp)  # fmt: skip
     return FSDP2Options(
-        world_size=ws,
+        dims=dims,
         targets=kwargs.get("fully_shard"),
         reshard_after_forward=raf,
         mp_policy=mp,
@@ -331,19 +326,15 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         trace=trace,
         progress=kwargs.get("progress"),
         activation_checkpointing=kwargs.get("activation_checkpointing"),
-        shard_size=dp[-1] * cp_size if dp else 0,
-        replicas=dp[0] if hsdp else 1,
         mesh_names=(str(names[0]), str(names[1])) if hsdp else None,
         offload=offload,
         parallelize_plan=plan,
-        tp_size=tp_size,
         tp_name=tp_name,
         mesh_dims=_named_dims(all_sizes, all_names, plan is not None),
         job=job,
         torch=rules,
         reshard_after_backward=after_backward,
         requires_all_reduce=all_reduce,
-        cp_size=cp_size,
         shard_placement_fn=_placement_option(kwargs.get("shard_placement_fn")),
         unshard_in_backward=check_unshard_in_backward(kwargs.get("unshard_in_backward", True)),
     )

@@ -61,7 +61,7 @@ def float8_scales(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> 
         if id(p) in linears
     }
     units = [g.schema for g in groups if g.schema is not None]
-    tp = opts.tp is not None and opts.tp_size > 1
+    tp = opts.tp is not None and opts.dims.tp > 1
     return weight_scales(units, weights, spec.precompute_float8_dynamic_scale_for_fsdp, tp)
 
 

@@ -170,11 +170,10 @@ class ReportConfig(Mapping[str, Any]):
         ranks, cp = self.world_size or 1, self.cp_world_size or 1
         tp, pp = self.tp_world_size or 1, self.pp_world_size or 1
         shard = self.shard_world_size or ranks
+        replicas = None  # the ranks the other dimensions leave
         if self.api == "FSDP1" and self.sharding_strategy is not None:
             group = self.process_group_size or shard
             replicas = ParallelDims.fsdp1(ranks, group, self.sharding_strategy).dp_replicate
-        else:
-            replicas = max(1, ranks // (shard * tp * pp))
         # FSDP2's 2-D data-parallel mesh: pp outermost, tp innermost, beside them dp_shard and
         # cp (a cp dimension of one rank stays in the mesh), and a replicate dimension
         names = [str(n) for n in (self.mesh or {})]
@@ -182,9 +181,9 @@ class ReportConfig(Mapping[str, Any]):
             names = names[1:]
         if self.tp_world_size:
             names = names[:-1]
-        hsdp = len([n for n in names if n != "cp"]) == 2 if self.api == "FSDP2" else replicas > 1
-        return ParallelDims(world_size=ranks, dp_replicate=replicas, dp_shard=max(1, shard // cp),
-                            cp=cp, tp=tp, pp=pp, hsdp=hsdp)  # fmt: skip
+        hsdp = len([n for n in names if n != "cp"]) == 2 if self.api == "FSDP2" else None
+        return ParallelDims.stated(ranks, shard, dp_replicate=replicas, cp=cp, tp=tp, pp=pp,
+                                   hsdp=hsdp)  # fmt: skip
 
     @property
     def prefetches_backward(self) -> bool:

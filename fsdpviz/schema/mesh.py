@@ -97,6 +97,56 @@ class ParallelDims:
                    cp=cp, tp=tp, pp=pp, hsdp=replicate > 1)  # fmt: skip
 
     @classmethod
+    def product(
+        cls,
+        *,
+        dp_replicate: int = 1,
+        dp_shard: int = 1,
+        cp: int = 1,
+        tp: int = 1,
+        pp: int = 1,
+        hsdp: bool = False,
+    ) -> ParallelDims:
+        """The degrees given, on the ranks their product makes (:meth:`filled`'s converse:
+        the world size from the degrees, as a mesh of these dimensions has it).
+
+        Example::
+
+            ParallelDims.product(dp_replicate=2, dp_shard=4, hsdp=True).world_size  # 8
+        """
+        world = math.prod((dp_replicate, dp_shard, cp, tp, pp))
+        return cls(world_size=world, dp_replicate=dp_replicate, dp_shard=dp_shard,
+                   cp=cp, tp=tp, pp=pp, hsdp=hsdp)  # fmt: skip
+
+    @classmethod
+    def stated(
+        cls,
+        world_size: int,
+        shard_group: int,
+        *,
+        dp_replicate: int | None = None,
+        cp: int = 1,
+        tp: int = 1,
+        pp: int = 1,
+        hsdp: bool | None = None,
+    ) -> ParallelDims:
+        """The degrees from the counts a report states: FSDP's shard group of
+        ``shard_group`` ranks (``dp_shard x cp``) on ``world_size`` ranks, ``dp_replicate``
+        (where not given) the ranks the shard group and the tp and pp dimensions leave, HSDP
+        (where not given) where more than one replica. Counts that do not divide, as a
+        report may state them, are rounded down, each at least 1.
+
+        Example::
+
+            ParallelDims.stated(64, 8, tp=4).dp_replicate  # 2: 64 ranks over 8 x 4
+        """
+        if dp_replicate is None:
+            dp_replicate = max(1, world_size // (shard_group * tp * pp))
+        return cls(world_size=world_size, dp_replicate=dp_replicate,
+                   dp_shard=max(1, shard_group // cp), cp=cp, tp=tp, pp=pp,
+                   hsdp=dp_replicate > 1 if hsdp is None else hsdp)  # fmt: skip
+
+    @classmethod
     def fsdp1(cls, world_size: int, group_size: int, strategy: str) -> ParallelDims:
         """FSDP1's ``strategy`` (a ``ShardingStrategy`` name) on a process group of
         ``group_size`` of ``world_size`` ranks: ``dp_shard`` the ranks one FlatParameter is
@@ -131,6 +181,17 @@ class ParallelDims:
         dp_shard x cp`` (torchtitan's ``dp_cp``, the loss's all-reduce), taken from
         ``world_size`` (FSDP1's ``NO_SHARD`` all-reduces over these ranks)."""
         return self.world_size // (self.tp * self.pp)
+
+    def post_forward(self, ranks: int) -> tuple[int, int]:
+        """FSDP2's shard group as resharding to ``ranks`` after forward splits it for the
+        backward all-gather (torch's ``_init_post_forward_mesh_info``): ``(groups, ranks)``,
+        outermost first, ``groups`` of ``ranks`` consecutive ranks each.
+
+        Example::
+
+            ParallelDims.filled(16).post_forward(8)  # (2, 8): a node's 8 ranks, twice
+        """
+        return max(1, self.dp_shard_cp // ranks), ranks
 
     @property
     def device_mesh(self) -> dict[str, int]:

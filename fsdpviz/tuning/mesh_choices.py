@@ -82,7 +82,7 @@ class MeshChoices:
             "mesh",
             _pp_label(ParallelDims.filled(ranks, tp=tp, pp=pp)),
             given.copy(),
-            mesh=(ranks, ranks, 1),
+            mesh=ParallelDims.filled(ranks),
             traced=True,
             pp=pp,
         )
@@ -127,10 +127,10 @@ class MeshChoices:
                         self.notes.append(f"{label} with {name} not tried: {reason}")
                 if all(reason for _, reason in why):
                     continue
+            every = ParallelDims.filled(ranks)  # a pipeline's mesh: its degree is pp=
             out.append(
-                Choice("mesh", label, kw, samples=samples, mesh=(ranks, ranks, 1), traced=True,
-                       pp=degree)
-            )  # fmt: skip
+                Choice("mesh", label, kw, samples=samples, mesh=every, traced=True, pp=degree)
+            )
         return out
 
     def _pipeline_refusal(self, samples: int, degree: int, kwargs: Mapping[str, Any]) -> str:
@@ -155,13 +155,13 @@ class MeshChoices:
         (torchtitan's ``dp_replicate x dp_shard x tp``: a node per shard group and its
         tensor-parallel ranks, where a node holds more than one shard)."""
         node = self.machine.gpus_per_node
-        out = [Choice("mesh", f"{ws} ranks", {"world_size": ws}, mesh=(ws, ws, 1))]
+        out = [Choice("mesh", f"{ws} ranks", {"world_size": ws}, mesh=ParallelDims.filled(ws))]
         hsdp = self.api == "FSDP2" and ws > node and ws % node == 0
         if hsdp:
             h = ParallelDims.filled(ws, dp_replicate=-1, dp_shard=node)
             kw: TuneKwargs = {"mesh": h.mesh_arg}
             label = f"{ws} ranks (HSDP {h.dp_replicate} x {h.dp_shard})"
-            out.append(Choice("mesh", label, kw, mesh=(ws, h.dp_shard, 1)))
+            out.append(Choice("mesh", label, kw, mesh=h))
         if self.api != "FSDP2" or plan is None:
             return out
         n_heads = heads(self.model)
@@ -174,13 +174,13 @@ class MeshChoices:
                 d = ParallelDims.filled(ws, tp=degree)
                 kw = {"mesh": d.mesh_arg, "parallelize_plan": plan}
                 label = f"{ws} ranks (FSDP {d.dp_shard} x TP {d.tp})"
-                out.append(Choice("mesh", label, kw, mesh=(ws, d.dp_shard, d.tp)))
+                out.append(Choice("mesh", label, kw, mesh=d))
                 # a node per shard group and its tensor-parallel ranks
                 if hsdp and node % degree == 0 and node // degree > 1:
                     d = ParallelDims.filled(ws, dp_replicate=-1, dp_shard=node // degree, tp=degree)
                     kw = {"mesh": d.mesh_arg, "parallelize_plan": plan}
                     label = f"{ws} ranks (HSDP {d.dp_replicate} x {d.dp_shard} x TP {d.tp})"
-                    out.append(Choice("mesh", label, kw, mesh=(ws, d.dp_shard, d.tp)))
+                    out.append(Choice("mesh", label, kw, mesh=d))
             degree *= 2
         return out
 
@@ -199,13 +199,13 @@ class MeshChoices:
         dims = " x ".join(f"{n} {v}" for n, v in zip(names, sizes or (), strict=True))
         self.notes.append(f"the mesh stays as given ({dims}): tune has no context-parallel knob")
         label = f"{ranks} ranks ({dims})"
-        mesh = (ranks, ParallelDims.filled(ranks, tp=tp).dp_shard, tp)
+        mesh = ParallelDims.filled(ranks, cp=cp_degree(given), tp=tp)  # replicas in dp_shard
         return Choice("mesh", label, given.copy(), mesh=mesh, traced=True)
 
     def _user_mesh(self, given: TuneKwargs, meshes: list[Choice]) -> Choice:
         ws0 = self.world_sizes[0]
         if "mesh" not in given:
-            return next(c for c in meshes if c.mesh[0] == ws0)
+            return next(c for c in meshes if c.mesh.world_size == ws0)
         wanted = _flat_mesh(given["mesh"])
         for c in meshes:
             if _flat_mesh(c.kwargs.get("mesh")) == wanted:

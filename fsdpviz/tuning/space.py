@@ -59,6 +59,7 @@ from fsdpviz.plan.option_specs import FSDP_OPTIONS, RESHARD, RESHARD_KEYWORD
 from fsdpviz.plan.pipeline import PIPELINE_KEYS
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
 from fsdpviz.schema.keywords import FSDPKwargs
+from fsdpviz.schema.mesh import ParallelDims
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
@@ -166,7 +167,8 @@ class Choice:
     kwargs: TuneKwargs = field(default_factory=TuneKwargs)
     samples: int = 0  # micro_batch: samples per forward (0: the inputs as given)
     steps: int = 0  # micro_batch: micro-steps each reducing its gradients (0: grad_accum's)
-    mesh: tuple[int, int, int] = (0, 0, 0)  # mesh: (world size, shard ranks, tp)
+    # mesh: its ranks by dimension; a pipeline job's: every rank in one (the degree: ``pp``)
+    mesh: ParallelDims = field(default_factory=ParallelDims)
     # mesh: one a replay cannot apply (a context-parallel one): each configuration traced
     traced: bool = False
     # mesh of a pipeline job: its pp degree (1: no pipeline; 0: not a pipeline job), and

@@ -27,6 +27,7 @@ from fsdpviz.errors import FsdpvizError
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.replan.hook_replay import replay
 from fsdpviz.schema.memory import size_text
+from fsdpviz.schema.mesh import ParallelDims
 from fsdpviz.tuning.choices import SpaceBuilder
 from fsdpviz.tuning.evaluation import Config, Evaluations
 from fsdpviz.tuning.float8_styles import FLOAT8_TP
@@ -145,8 +146,8 @@ class StagedSearch(Evaluations):
         replayed)."""
         sp = self.space
         start = self._start()
-        user_tp = sp.user["mesh"].mesh[2]
-        mine = [m for m in sp.choices["mesh"] if m.mesh[0] == ws and m.mesh[2] == user_tp]
+        user_tp = sp.user["mesh"].mesh.tp
+        mine = self._user_tp_meshes(ws)
         if not mine:
             return
         start["mesh"] = mine[0]
@@ -197,7 +198,7 @@ class StagedSearch(Evaluations):
             if knob not in sp.choices or knob in sp.pinned:
                 continue
             # torchao's float8 TP styles beside the user's plan: the same job off TP meshes
-            tp = best["mesh"].mesh[2] > 1
+            tp = best["mesh"].mesh.tp > 1
             tried = [
                 c
                 for c in sp.choices[knob]
@@ -211,16 +212,16 @@ class StagedSearch(Evaluations):
         tp_meshes = [  # FSDP x TP: each evaluation replays HSDP x TP beside it (_variants)
             m
             for m in sp.choices["mesh"]
-            if m.mesh[0] == ws and m.mesh[2] not in (1, user_tp) and m.mesh[1] * m.mesh[2] == ws
+            if m.mesh.world_size == ws and m.mesh.tp not in (1, user_tp) and not m.mesh.hsdp
         ]
         if user_tp > 1:  # and plain data parallelism, against the user's tensor parallelism
-            tp_meshes[:0] = [m for m in sp.choices["mesh"] if m.mesh == (ws, ws, 1)]
+            tp_meshes[:0] = [m for m in sp.choices["mesh"] if m.mesh == ParallelDims.filled(ws)]
         if "mesh" not in sp.pinned and (self._fastest_fit(ws) is None or user_tp > 1):
             if not tp_meshes and self._fastest_fit(ws) is None and self._tp_why:
                 note = f"tensor parallelism not tried: {self._tp_why}"
                 if note not in self.notes:
                     self.notes.append(note)
-            ordered = sorted(tp_meshes, key=lambda m: m.mesh[2])
+            ordered = sorted(tp_meshes, key=lambda m: m.mesh.tp)
             self.prefetch([self._lightest(self.on_mesh(best, mesh)) for mesh in ordered])
             for mesh in ordered:
                 self._climb(self.on_mesh(best, mesh), ws)
@@ -248,7 +249,7 @@ class StagedSearch(Evaluations):
         fastest: dict[str, tuple[Candidate, Config]] = {}
         for c in self.candidates:
             config = self._config_of(c)
-            if config is None or c.world_size != ws or config["mesh"].mesh[2] == 1:
+            if config is None or c.world_size != ws or config["mesh"].mesh.tp == 1:
                 continue
             label = config["mesh"].label
             if label not in fastest or c.tokens_per_s > fastest[label][0].tokens_per_s:
@@ -271,7 +272,7 @@ class StagedSearch(Evaluations):
             if config is None or not c.fits or c.world_size != ws:
                 continue
             mesh = config["mesh"]
-            if mesh.mesh[2] == 1 or mesh.traced:
+            if mesh.mesh.tp == 1 or mesh.traced:
                 continue
             if mesh.label not in fastest or c.tokens_per_s > fastest[mesh.label][0].tokens_per_s:
                 fastest[mesh.label] = (c, config)
@@ -363,12 +364,17 @@ class StagedSearch(Evaluations):
     def _first_lightest(self) -> Config:
         """The first configuration the staged search evaluates after the user's."""
         start = self._start()
-        user_tp = self.space.user["mesh"].mesh[2]
-        ws = self.world_sizes[0]
-        mine = [m for m in self.space.choices["mesh"] if m.mesh[0] == ws and m.mesh[2] == user_tp]
+        mine = self._user_tp_meshes(self.world_sizes[0])
         if mine:
             start["mesh"] = mine[0]
         return self._lightest(start)
+
+    def _user_tp_meshes(self, ws: int) -> list[Choice]:
+        """The meshes on ``ws`` ranks of the user's tensor-parallel degree."""
+        tp = self.space.user["mesh"].mesh.tp
+        return [
+            m for m in self.space.choices["mesh"] if m.mesh.world_size == ws and m.mesh.tp == tp
+        ]
 
     def _climb(self, start: Config, ws: int) -> None:
         """From the lightest configurations (the most checkpointing; if they do not fit on
