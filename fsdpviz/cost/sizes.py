@@ -112,6 +112,12 @@ class UnitBytes:
     # original parameters] in memory_fsdp1.py): whether the unit keeps it on the rank where
     # these add up to the most
     grad_base: bool = False
+    # FSDP1 ``NO_SHARD`` with ``use_orig_params=True`` and bf16 parameters (not offloaded):
+    # the bytes of the unit's largest parameter in the parameters' dtype, made and freed by
+    # the post-backward hook's views of the unsharded gradient under ``no_sync`` where the
+    # original parameters have no gradient (see [Note: unsharded gradient views of the
+    # original parameters] in memory_fsdp1.py)
+    unsharded_grad_views: int = 0
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -133,6 +139,8 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
         out = _with_grad_views(report, out)
         if report.config.grad_accum > 1:  # under no_sync
             out = _with_grad_bases(report, out)
+    if not fsdp2 and report.config.use_orig_params and not offload:
+        out = _with_unsharded_grad_views(report, out)
     shapes = {
         f"{m.fqn}.{name}" if m.fqn else name: shape
         for m in report.modules
@@ -332,6 +340,25 @@ def _with_grad_views(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
         name: replace(b, grad_views=most[name] * size[name]) if most.get(name) else b
         for name, b in out.items()
     }
+
+
+def _with_unsharded_grad_views(report: Report, out: dict[str, UnitBytes]) -> dict[str, UnitBytes]:
+    """FSDP1 with ``use_orig_params=True``: each ``NO_SHARD`` unit's ``unsharded_grad_views``
+    where it computes in a dtype other than its parameters' (its gradient's), the bytes of
+    its largest parameter in the parameters' dtype (every parameter's, the frozen ones'
+    too: each gets a view of the FlatParameter's gradient)."""
+    shapes = {
+        f"{m.fqn}.{name}" if m.fqn else name: shape
+        for m in report.modules
+        for name, shape in m.params.items()
+    }
+    for u in report.units:
+        low = u.compute_dtype is not None and u.compute_dtype != u.dtype
+        if u.sharding_strategy != "NO_SHARD" or not low or u.requires_grad is False:
+            continue
+        most = max((math.prod(shapes.get(p) or [0]) for p in u.params), default=0)
+        out[u.module] = replace(out[u.module], unsharded_grad_views=most * itemsize(u.dtype))
+    return out
 
 
 def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, UnitBytes]:
