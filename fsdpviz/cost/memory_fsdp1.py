@@ -122,11 +122,15 @@ Under ``no_sync`` with ``use_orig_params=True`` the post-backward hook, once it 
 prefetched, ``BACKWARD_POST``), gives each original parameter a view of the unsharded
 gradient (``_use_unsharded_grad_views``): where the parameter's shape or dtype is not the
 view's and it has no gradient, ``param.grad = torch.empty_like(param)`` first, whose
-storage ``param.grad.data = view`` frees at once. Under ``NO_SHARD`` the parameter is whole,
-in the parameters' dtype, and the view in the compute dtype: with bf16 parameters each
-parameter's bytes in turn, the largest ``UnitBytes.unsharded_grad_views``, beside the
-gradient the hook holds, on the compute stream. Only where the unit's parameters have no
-gradient: its first micro-step since ``zero_grad(set_to_none=True)``.
+storage ``param.grad.data = view`` frees at once. A sharded unit's parameter is its 1-D part
+of the rank's shard, in the parameters' dtype: each part in turn (a 1-D parameter whole in
+the shard, in a unit computing in its parameters' dtype, gets the view itself). Under
+``NO_SHARD`` the parameter is whole and the view in the compute dtype: with bf16 parameters
+each parameter in turn. Frozen parameters too (the views cover the FlatParameter). The
+most, ``UnitBytes.unsharded_grad_views`` (the most any rank has, an upper bound where the
+ranks' parts differ), beside the gradient the hook holds, on the compute stream. Only where
+the unit's parameters have no gradient: its first micro-step since
+``zero_grad(set_to_none=True)``.
 
 [Note: gradient bases kept by the original parameters]
 Under ``no_sync`` with ``use_orig_params=True`` the post-backward hook gives the original

@@ -112,11 +112,11 @@ class UnitBytes:
     # original parameters] in memory_fsdp1.py): whether the unit keeps it on the rank where
     # these add up to the most
     grad_base: bool = False
-    # FSDP1 ``NO_SHARD`` with ``use_orig_params=True`` and bf16 parameters (not offloaded):
-    # the bytes of the unit's largest parameter in the parameters' dtype, made and freed by
-    # the post-backward hook's views of the unsharded gradient under ``no_sync`` where the
-    # original parameters have no gradient (see [Note: unsharded gradient views of the
-    # original parameters] in memory_fsdp1.py)
+    # FSDP1 with ``use_orig_params=True`` (not offloaded): the most bytes of one parameter's
+    # part of the rank's shard (``NO_SHARD``, with bf16 parameters: the largest parameter),
+    # in the parameters' dtype, made and freed by the post-backward hook's views of the
+    # unsharded gradient under ``no_sync`` where the original parameters have no gradient
+    # (see [Note: unsharded gradient views of the original parameters] in memory_fsdp1.py)
     unsharded_grad_views: int = 0
 
 
@@ -343,21 +343,47 @@ def _with_grad_views(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
 
 
 def _with_unsharded_grad_views(report: Report, out: dict[str, UnitBytes]) -> dict[str, UnitBytes]:
-    """FSDP1 with ``use_orig_params=True``: each ``NO_SHARD`` unit's ``unsharded_grad_views``
-    where it computes in a dtype other than its parameters' (its gradient's), the bytes of
-    its largest parameter in the parameters' dtype (every parameter's, the frozen ones'
-    too: each gets a view of the FlatParameter's gradient)."""
+    """FSDP1 with ``use_orig_params=True``: each unit's ``unsharded_grad_views``, the most
+    bytes, in the parameters' dtype, of one parameter's part of a rank's shard (the whole
+    parameter under ``NO_SHARD``) whose shape or dtype is not its gradient view's, on any
+    rank (an upper bound where the ranks' parts differ, as ``grad_views``). Every
+    parameter's, the frozen ones' too: each gets a view of the FlatParameter's gradient.
+    A part is a 1-D slice: it has the view's shape where it is a whole 1-D parameter."""
+    from fsdpviz.plan.fsdp1 import flat_param_layout
+
     shapes = {
         f"{m.fqn}.{name}" if m.fqn else name: shape
         for m in report.modules
         for name, shape in m.params.items()
     }
     for u in report.units:
-        low = u.compute_dtype is not None and u.compute_dtype != u.dtype
-        if u.sharding_strategy != "NO_SHARD" or not low or u.requires_grad is False:
+        compute = u.compute_dtype or u.dtype
+        if u.requires_grad is False or not u.sharded_numel:
             continue
-        most = max((math.prod(shapes.get(p) or [0]) for p in u.params), default=0)
-        out[u.module] = replace(out[u.module], unsharded_grad_views=most * itemsize(u.dtype))
+        numels = [math.prod(shapes.get(p) or [0]) for p in u.params]
+        if u.sharding_strategy == "NO_SHARD":
+            most = max(numels, default=0) if compute != u.dtype else 0
+        else:
+            layout = flat_param_layout(
+                numels,
+                itemsize(compute),
+                use_orig_params=True,
+                shard_world_size=u.shard_ranks,
+                pad_to=report.config.process_group_size or u.shard_ranks,
+            )
+            same = compute == u.dtype
+            one_d = [len(shapes.get(p) or []) == 1 for p in u.params]
+            most = max(
+                (
+                    n
+                    for parts in layout.shard_parts([True] * len(u.params))
+                    for i, n in parts.items()
+                    if not (same and one_d[i] and n == numels[i])
+                ),
+                default=0,
+            )
+        if most:
+            out[u.module] = replace(out[u.module], unsharded_grad_views=most * itemsize(u.dtype))
     return out
 
 
