@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from fsdpviz.cost.optimizers import OptimizerSpec, optimizer_spec, optimizer_states
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import DTYPE_SIZES, IGNORED, Report, Unit
+
+if TYPE_CHECKING:
+    from fsdpviz.plan.fsdp1 import FlatLayout
 
 _ITEMSIZE = DTYPE_SIZES
 
@@ -141,11 +145,7 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
             out = _with_grad_bases(report, out)
     if not fsdp2 and report.config.use_orig_params and not offload:
         out = _with_unsharded_grad_views(report, out)
-    shapes = {
-        f"{m.fqn}.{name}" if m.fqn else name: shape
-        for m in report.modules
-        for name, shape in m.params.items()
-    }
+    shapes = _param_shapes(report)
     for u in report.units if fsdp2 else ():
         if u.shard_ranks == 1 and u.compute_dtype:
             out[u.module] = replace(out[u.module], one_rank_copy=_one_rank_copy(u, shapes))
@@ -349,38 +349,20 @@ def _with_unsharded_grad_views(report: Report, out: dict[str, UnitBytes]) -> dic
     rank (an upper bound where the ranks' parts differ, as ``grad_views``). Every
     parameter's, the frozen ones' too: each gets a view of the FlatParameter's gradient.
     A part is a 1-D slice: it has the view's shape where it is a whole 1-D parameter."""
-    from fsdpviz.plan.fsdp1 import flat_param_layout
-
-    shapes = {
-        f"{m.fqn}.{name}" if m.fqn else name: shape
-        for m in report.modules
-        for name, shape in m.params.items()
-    }
+    shapes = _param_shapes(report)
     for u in report.units:
-        compute = u.compute_dtype or u.dtype
         if u.requires_grad is False or not u.sharded_numel:
             continue
+        same = (u.compute_dtype or u.dtype) == u.dtype
         numels = [math.prod(shapes.get(p) or [0]) for p in u.params]
         if u.sharding_strategy == "NO_SHARD":
-            most = max(numels, default=0) if compute != u.dtype else 0
-        else:
-            layout = flat_param_layout(
-                numels,
-                itemsize(compute),
-                use_orig_params=True,
-                shard_world_size=u.shard_ranks,
-                pad_to=report.config.process_group_size or u.shard_ranks,
-            )
-            same = compute == u.dtype
+            most = 0 if same else max(numels, default=0)
+        else:  # each rank's parts, but a whole 1-D parameter's computed in its own dtype
             one_d = [len(shapes.get(p) or []) == 1 for p in u.params]
+            parts = _orig_layout(report, u, numels).shard_parts([True] * len(u.params))
+            each = [(i, n) for by_param in parts for i, n in by_param.items()]
             most = max(
-                (
-                    n
-                    for parts in layout.shard_parts([True] * len(u.params))
-                    for i, n in parts.items()
-                    if not (same and one_d[i] and n == numels[i])
-                ),
-                default=0,
+                (n for i, n in each if not (same and one_d[i] and n == numels[i])), default=0
             )
         if most:
             out[u.module] = replace(out[u.module], unsharded_grad_views=most * itemsize(u.dtype))
@@ -395,13 +377,7 @@ def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
     unit keeps it where it is sharded (every strategy but ``NO_SHARD``), computes in its
     parameters' dtype, and a trainable 1-D parameter lies whole in the rank's shard (see
     [Note: gradient bases kept by the original parameters] in memory_fsdp1.py)."""
-    from fsdpviz.plan.fsdp1 import flat_param_layout
-
-    shapes = {
-        f"{m.fqn}.{name}" if m.fqn else name: shape
-        for m in report.modules
-        for name, shape in m.params.items()
-    }
+    shapes = _param_shapes(report)
     by_rank: dict[int, list[str]] = {}
     for u in report.units:
         compute = u.compute_dtype or u.dtype
@@ -409,13 +385,7 @@ def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
         if not sharded or compute != u.dtype or not u.sharded_numel or not u.trainable[0]:
             continue
         numels = [math.prod(shapes.get(p) or [0]) for p in u.params]
-        layout = flat_param_layout(
-            numels,
-            itemsize(compute),
-            use_orig_params=True,
-            shard_world_size=u.shard_ranks,
-            pad_to=report.config.process_group_size or u.shard_ranks,
-        )
+        layout = _orig_layout(report, u, numels)
         frozen = set(u.frozen_params)
         for r, parts in enumerate(layout.shard_parts([p not in frozen for p in u.params])):
             whole = (
@@ -433,21 +403,38 @@ def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
     return {name: replace(b, grad_base=name in most) for name, b in out.items()}
 
 
+def _param_shapes(report: Report) -> dict[str, list[int]]:
+    """Each parameter's shape, by its FQN."""
+    return {
+        f"{m.fqn}.{name}" if m.fqn else name: shape
+        for m in report.modules
+        for name, shape in m.params.items()
+    }
+
+
+def _orig_layout(report: Report, u: Unit, numels: list[int]) -> FlatLayout:
+    """The layout of ``u``'s FlatParameter, of parameters of ``numels`` elements, with
+    ``use_orig_params=True``."""
+    # here, not at the top: the plan loads torch, and the command line's checks import the
+    # cost model (through the exports) before torch is loaded
+    from fsdpviz.plan.fsdp1 import flat_param_layout
+
+    return flat_param_layout(
+        numels,
+        itemsize(u.compute_dtype or u.dtype),
+        use_orig_params=True,
+        shard_world_size=u.shard_ranks,
+        pad_to=report.config.process_group_size or u.shard_ranks,
+    )
+
+
 def fsdp1_parts(report: Report, ignored: bool = False) -> list[list[tuple[str, int]]]:
     """FSDP1 with ``use_orig_params=True``: for each rank, the unit and elements of each
     trainable parameter's part of its unit's shard, in the parameters' order, the parameters
     without one left out (FSDP gives them no gradient: the optimizer skips them).
     ``ignored``: with the trainable parameters FSDP does not manage, whole on every rank
     (:data:`~fsdpviz.schema.report.IGNORED`), after their module's own."""
-    # here, not at the top: the plan loads torch, and the command line's checks import the
-    # cost model (through the exports) before torch is loaded
-    from fsdpviz.plan.fsdp1 import flat_param_layout
-
-    shapes = {
-        f"{m.fqn}.{name}" if m.fqn else name: shape
-        for m in report.modules
-        for name, shape in m.params.items()
-    }
+    shapes = _param_shapes(report)
     held: dict[str, dict[int, tuple[str, int]]] = {}  # parameter -> {rank: (unit, part)}
     ranks = 1
     for u in report.units:
@@ -455,13 +442,7 @@ def fsdp1_parts(report: Report, ignored: bool = False) -> list[list[tuple[str, i
             continue
         n_ranks = u.shard_ranks
         ranks = max(ranks, n_ranks)
-        layout = flat_param_layout(
-            [math.prod(shapes.get(p) or [0]) for p in u.params],
-            itemsize(u.compute_dtype or u.dtype),
-            use_orig_params=True,
-            shard_world_size=n_ranks,
-            pad_to=report.config.process_group_size or n_ranks,
-        )
+        layout = _orig_layout(report, u, [math.prod(shapes.get(p) or [0]) for p in u.params])
         frozen = set(u.frozen_params)
         parts = layout.shard_parts([p not in frozen for p in u.params])
         for r, by_param in enumerate(parts):
