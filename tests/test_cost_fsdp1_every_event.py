@@ -9,9 +9,9 @@ accumulation under ``no_sync``, the layers under non-reentrant activation checkp
 are all frozen. The moments, and the two figures compared at each event (the bytes in
 use, the most since the event before), are those of ``test_cost_hybrid_every_event.py``
 (:func:`every_event.fsdp1_run`). A case runs as rank 0, or where the plan counts the most
-any rank holds and another rank holds more, as that rank (``Case.rank``). CPU offload is not compared
-here: on the CPU the host's bytes and the device's are one count (its peaks are, in
-``test_cost_fsdp1_memtracker.py``).
+any rank holds and another rank holds more, as that rank (``Case.rank``). CPU offload is
+not compared here: on the CPU the host's bytes and the device's are one count (its peaks
+are, in ``test_cost_fsdp1_memtracker.py``).
 """
 
 from __future__ import annotations
