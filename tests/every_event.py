@@ -19,17 +19,26 @@ whose last groups neither reshard nor reduce).
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 from unittest.mock import patch
 
+import torch
 import torch.distributed as dist
 from pipeline_memory import _total, _tracker
+from test_cost_fsdp1_memtracker import _loss, _Tracker
 from torch import nn
+from torch.distributed._tools.mem_tracker import _MemRefType
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import _runtime_utils as ru
+from torch.utils._pytree import tree_leaves
 
 import fsdpviz
 from fsdpviz.cost.memory import memory_model
+from fsdpviz.recording import FSDP1Recorder
 from fsdpviz.schema.events import Event
 
 Measured = list[tuple[str, str, int, int]]  # (kind, unit, bytes after it, peak since the last)
@@ -159,3 +168,105 @@ def fsdp2_events(model: nn.Module, inputs: Any, hsdp: bool) -> Iterator[EventLog
         patch.object(dist, "reduce_scatter_single", scatter),
     ):
         yield log
+
+
+def fsdp1_run(fsdp: FSDP, ids: torch.Tensor, micro_steps: int) -> Measured:
+    """Real FSDP1 ``fsdp`` (``ids`` its input, held through the step): one optimizer step
+    (its buffers made, its orders recorded), then the events of the next one's micro-steps
+    (the first ``micro_steps - 1`` under ``no_sync``), each with the bytes at its moment and
+    the most since the event before.
+
+    The moments, as FSDP1's code runs them: a free or a prefetch, once its call returns; an
+    all-gather (``NO_SHARD``'s cast) once ``_unshard`` returns (``post_unshard`` frees the
+    low-precision shard it gathered); a reduce-scatter and an all-reduce, once the
+    post-backward hook's work is let go (autograd lets go of the gradients the hook was
+    passed, a post hook of the ``AccumulateGrad`` node, as it returns; ``NO_SHARD``'s
+    gradient all-reduced in place stays in ``.grad``)."""
+
+    def step(tracker: Any = None) -> None:
+        for k in range(micro_steps):
+            with fsdp.no_sync() if k < micro_steps - 1 else nullcontext():
+                out = fsdp(ids)
+                _loss(out).backward()
+                del out
+            if tracker is not None:
+                tracker.reset_mod_stats()  # it follows one iteration at a time
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step()
+    fsdp.zero_grad(set_to_none=True)
+    tracker = _Tracker()
+    tracker.track_external(fsdp, ids)
+    for module in fsdp.modules():
+        if isinstance(module, FSDP) and module._handle is not None:
+            flat = module._handle.flat_param
+            for name in ("_full_param_padded", "_mp_shard"):
+                buffer = getattr(flat, name, None)
+                if buffer is not None:
+                    tracker._update_and_maybe_create_winfos(buffer, _MemRefType.OTH)
+    seen: list[list[Any]] = []  # [kind, unit, bytes after, peak since the event before]
+    issued: dict[int, list[Any]] = {}  # index in the recorder's iteration -> its entry
+    # events whose moment is the end of an enclosing call: an all-gather's, its
+    # ``_unshard`` (``post_unshard`` frees the low-precision shard it gathered); a
+    # reduction's, the post-backward hook's, once autograd lets go of the gradients it was
+    # passed (as it returns; its buffers and .grad went before)
+    deferred: dict[str, list[list[Any]]] = {"unshard": [], "post_backward": []}
+    settle = settler(tracker)
+
+    class Recorder(FSDP1Recorder):
+        def _append(self, event: Event) -> int:
+            entry = [event.kind, event.unit, None, None]
+            seen.append(entry)
+            super()._append(event)
+            if event.kind == "all_gather":
+                deferred["unshard"].append(entry)
+            elif event.kind in ("reduce_scatter", "all_reduce"):
+                deferred["post_backward"].append(entry)
+            else:
+                issued[len(self._current) - 1] = entry
+            return len(self._current) - 1
+
+        def _timed(self, index: int, start_ns: int) -> None:
+            entry = issued.pop(index, None)
+            if entry is not None:
+                settle(entry)
+
+    unshard = settled_after(ru._unshard, deferred["unshard"], settle)
+    original_hook = ru._post_backward_hook
+    passed: list[weakref.ref[Any]] = []  # the storages of the gradients the hook was passed
+
+    def post_backward_hook(*args: Any) -> Any:
+        grads = [t for t in tree_leaves(args[3:]) if isinstance(t, torch.Tensor)]
+        passed[:] = [weakref.ref(t.untyped_storage()) for t in grads]
+        out = original_hook(*args)
+        # NO_SHARD all-reduces the gradient autograd put in .grad in place: that one stays
+        grad = args[1].flat_param.grad
+        kept = None if grad is None else grad.untyped_storage()
+        passed[:] = [ref for ref in passed if ref() is not None and ref() is not kept]
+        if not passed:
+            settled_after(lambda: None, deferred["post_backward"], settle)()
+        return out
+
+    def delete_callback(*args: Any) -> None:
+        """The tracker lets go of a storage: once autograd lets go of every gradient the
+        post-backward hook was passed (as the hook returns), its reductions are done."""
+        tracker_delete(*args)
+        if passed and all(ref() is None for ref in passed):
+            passed.clear()
+            settled_after(lambda: None, deferred["post_backward"], settle)()
+
+    tracker_delete = tracker._delete_callback
+    tracker._delete_callback = delete_callback
+    with (
+        warnings.catch_warnings(),
+        tracker,
+        patch.object(ru, "_unshard", unshard),
+        patch.object(ru, "_post_backward_hook", post_backward_hook),
+        Recorder(fsdp),
+    ):
+        warnings.simplefilter("ignore")
+        settle([None] * 4)  # its peaks start afresh
+        step(tracker)
+    assert all(None not in entry for entry in seen), seen
+    return [tuple(entry) for entry in seen]

@@ -117,6 +117,21 @@ unsharded gradient, ``_use_unsharded_grad_views``): then nothing is made. The mo
 parameter's part on any rank is ``UnitBytes.grad_views``, counted with the gradient
 shards, on the post-backward stream (HSDP's all-reduce stream, where the callback runs).
 
+[Note: unsharded gradient views of the original parameters]
+Under ``no_sync`` with ``use_orig_params=True`` the post-backward hook, once it resharded (and
+prefetched, ``BACKWARD_POST``), gives each original parameter a view of the unsharded
+gradient (``_use_unsharded_grad_views``): where the parameter's shape or dtype is not the
+view's and it has no gradient, ``param.grad = torch.empty_like(param)`` first, whose
+storage ``param.grad.data = view`` frees at once. A sharded unit's parameter is its 1-D part
+of the rank's shard, in the parameters' dtype: each part in turn (a 1-D parameter whole in
+the shard, in a unit computing in its parameters' dtype, gets the view itself). Under
+``NO_SHARD`` the parameter is whole and the view in the compute dtype: with bf16 parameters
+each parameter in turn. Frozen parameters too (the views cover the FlatParameter). The
+most, ``UnitBytes.unsharded_grad_views`` (the most any rank has, an upper bound where the
+ranks' parts differ), beside the gradient the hook holds, on the compute stream. Only where
+the unit's parameters have no gradient: its first micro-step since
+``zero_grad(set_to_none=True)``.
+
 [Note: gradient bases kept by the original parameters]
 Under ``no_sync`` with ``use_orig_params=True`` the post-backward hook gives the original
 parameters views of the unsharded gradient (``_use_unsharded_grad_views``): a parameter whose
@@ -197,6 +212,9 @@ class FSDP1Host(Protocol):
     _held: set[str]
     _accumulating: set[str]
     replicas: int
+    fsdp2: bool
+    sync: bool
+    grads: dict[str, int]
 
     def _moment(self, where: str, c: HookCall | None, e: Event | None = None) -> None: ...
     def _add(self, category: str, pool: str, n: int) -> None: ...
@@ -208,6 +226,7 @@ class FSDP1Host(Protocol):
     def _grad_pool(self, e: Event, s: UnitBytes) -> str: ...
     def _drop_shard(self, unit: str, kept: int = 0) -> None: ...
     def _orig_grad_views(self, e: Event, s: UnitBytes, cast: int) -> None: ...
+    def _unsharded_grad_views(self, c: HookCall) -> None: ...
     def _orig_params_copy(self, e: Event, s: UnitBytes, c: HookCall) -> None: ...
     def _drop_saved_copies(self, unit: str) -> None: ...
     def _drop_saved_copy(self, unit: str, call: int) -> None: ...
@@ -522,6 +541,18 @@ class FSDP1Steps:
         self._add("sharded_grads", pool, -s.grad_views)
         self._add("sharded_grads", "reduce_scatter", output)
         self._add("sharded_grads", self._grad_pool(e, s), -cast)
+
+    def _unsharded_grad_views(self: FSDP1Host, c: HookCall) -> None:
+        """The end of a post-backward hook under ``no_sync``: see [Note: unsharded gradient
+        views of the original parameters]."""
+        s = self.sizes.get(c.unit)
+        if self.fsdp2 or self.sync or s is None or not s.unsharded_grad_views:
+            return
+        if c.unit in self._accumulating or c.unit not in self.grads:
+            return  # its parameters have a gradient; or it made none (frozen)
+        self._add("unsharded_grads", "compute", s.unsharded_grad_views)
+        self._moment("at the gradient views of the original parameters in", c)
+        self._add("unsharded_grads", "compute", -s.unsharded_grad_views)
 
     def _reduce_fsdp1(self: FSDP1Host, e: Event, s: UnitBytes, grads: int) -> None:
         """FSDP1's post-backward reduction of a FlatParameter's gradient (``grads`` bytes),

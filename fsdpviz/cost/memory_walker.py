@@ -359,8 +359,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         )
         if waits and not own_gather:
             self._wait(unit, c)
-        # gradient accumulation: the units whose post-backward runs here (the final callback
-        # runs those whose own did not fire: the root's)
+        # accumulating: the units finishing here (the final callback: those whose hook did not fire)
         finishing: list[str] = []
         if self._fresh or not self.sync:
             if c.hook in _POST_BACKWARD:
@@ -406,6 +405,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
             for u in (done if callback else finishing) if not self.sync else ():
                 self._cast_to_reduce_dtype(u, c)
         if c.hook in _POST_BACKWARD:
+            self._unsharded_grad_views(c)  # FSDP1 under no_sync, before the hook returns
             self.cat["unsharded_grads"] -= self._arriving.pop(unit, 0)
         if c.hook == "final_callback" and self.sync:
             self._keep_low_precision(c)

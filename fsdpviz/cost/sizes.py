@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from fsdpviz.cost.optimizers import OptimizerSpec, optimizer_spec, optimizer_states
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.report import DTYPE_SIZES, IGNORED, Report, Unit
+
+if TYPE_CHECKING:
+    from fsdpviz.plan.fsdp1 import FlatLayout
 
 _ITEMSIZE = DTYPE_SIZES
 
@@ -112,6 +116,12 @@ class UnitBytes:
     # original parameters] in memory_fsdp1.py): whether the unit keeps it on the rank where
     # these add up to the most
     grad_base: bool = False
+    # FSDP1 with ``use_orig_params=True`` (not offloaded): the most bytes of one parameter's
+    # part of the rank's shard (``NO_SHARD``, with bf16 parameters: the largest parameter),
+    # in the parameters' dtype, made and freed by the post-backward hook's views of the
+    # unsharded gradient under ``no_sync`` where the original parameters have no gradient
+    # (see [Note: unsharded gradient views of the original parameters] in memory_fsdp1.py)
+    unsharded_grad_views: int = 0
 
 
 def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitBytes]:
@@ -133,11 +143,9 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
         out = _with_grad_views(report, out)
         if report.config.grad_accum > 1:  # under no_sync
             out = _with_grad_bases(report, out)
-    shapes = {
-        f"{m.fqn}.{name}" if m.fqn else name: shape
-        for m in report.modules
-        for name, shape in m.params.items()
-    }
+    if not fsdp2 and report.config.use_orig_params and not offload:
+        out = _with_unsharded_grad_views(report, out)
+    shapes = _param_shapes(report)
     for u in report.units if fsdp2 else ():
         if u.shard_ranks == 1 and u.compute_dtype:
             out[u.module] = replace(out[u.module], one_rank_copy=_one_rank_copy(u, shapes))
@@ -334,6 +342,33 @@ def _with_grad_views(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
     }
 
 
+def _with_unsharded_grad_views(report: Report, out: dict[str, UnitBytes]) -> dict[str, UnitBytes]:
+    """FSDP1 with ``use_orig_params=True``: each unit's ``unsharded_grad_views``, the most
+    bytes, in the parameters' dtype, of one parameter's part of a rank's shard (the whole
+    parameter under ``NO_SHARD``) whose shape or dtype is not its gradient view's, on any
+    rank (an upper bound where the ranks' parts differ, as ``grad_views``). Every
+    parameter's, the frozen ones' too: each gets a view of the FlatParameter's gradient.
+    A part is a 1-D slice: it has the view's shape where it is a whole 1-D parameter."""
+    shapes = _param_shapes(report)
+    for u in report.units:
+        if u.requires_grad is False or not u.sharded_numel:
+            continue
+        same = (u.compute_dtype or u.dtype) == u.dtype
+        numels = [math.prod(shapes.get(p) or [0]) for p in u.params]
+        if u.sharding_strategy == "NO_SHARD":
+            most = 0 if same else max(numels, default=0)
+        else:  # each rank's parts, but a whole 1-D parameter's computed in its own dtype
+            one_d = [len(shapes.get(p) or []) == 1 for p in u.params]
+            parts = _orig_layout(report, u, numels).shard_parts([True] * len(u.params))
+            each = [(i, n) for by_param in parts for i, n in by_param.items()]
+            most = max(
+                (n for i, n in each if not (same and one_d[i] and n == numels[i])), default=0
+            )
+        if most:
+            out[u.module] = replace(out[u.module], unsharded_grad_views=most * itemsize(u.dtype))
+    return out
+
+
 def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, UnitBytes]:
     """FSDP1 with ``use_orig_params=True`` and ``keep_low_precision_grads``: the units whose
     unsharded gradient the original parameters keep after the last micro-step of a
@@ -342,13 +377,7 @@ def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
     unit keeps it where it is sharded (every strategy but ``NO_SHARD``), computes in its
     parameters' dtype, and a trainable 1-D parameter lies whole in the rank's shard (see
     [Note: gradient bases kept by the original parameters] in memory_fsdp1.py)."""
-    from fsdpviz.plan.fsdp1 import flat_param_layout
-
-    shapes = {
-        f"{m.fqn}.{name}" if m.fqn else name: shape
-        for m in report.modules
-        for name, shape in m.params.items()
-    }
+    shapes = _param_shapes(report)
     by_rank: dict[int, list[str]] = {}
     for u in report.units:
         compute = u.compute_dtype or u.dtype
@@ -356,13 +385,7 @@ def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
         if not sharded or compute != u.dtype or not u.sharded_numel or not u.trainable[0]:
             continue
         numels = [math.prod(shapes.get(p) or [0]) for p in u.params]
-        layout = flat_param_layout(
-            numels,
-            itemsize(compute),
-            use_orig_params=True,
-            shard_world_size=u.shard_ranks,
-            pad_to=report.config.process_group_size or u.shard_ranks,
-        )
+        layout = _orig_layout(report, u, numels)
         frozen = set(u.frozen_params)
         for r, parts in enumerate(layout.shard_parts([p not in frozen for p in u.params])):
             whole = (
@@ -380,21 +403,38 @@ def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
     return {name: replace(b, grad_base=name in most) for name, b in out.items()}
 
 
+def _param_shapes(report: Report) -> dict[str, list[int]]:
+    """Each parameter's shape, by its FQN."""
+    return {
+        f"{m.fqn}.{name}" if m.fqn else name: shape
+        for m in report.modules
+        for name, shape in m.params.items()
+    }
+
+
+def _orig_layout(report: Report, u: Unit, numels: list[int]) -> FlatLayout:
+    """The layout of ``u``'s FlatParameter, of parameters of ``numels`` elements, with
+    ``use_orig_params=True``."""
+    # here, not at the top: the plan loads torch, and the command line's checks import the
+    # cost model (through the exports) before torch is loaded
+    from fsdpviz.plan.fsdp1 import flat_param_layout
+
+    return flat_param_layout(
+        numels,
+        itemsize(u.compute_dtype or u.dtype),
+        use_orig_params=True,
+        shard_world_size=u.shard_ranks,
+        pad_to=report.config.process_group_size or u.shard_ranks,
+    )
+
+
 def fsdp1_parts(report: Report, ignored: bool = False) -> list[list[tuple[str, int]]]:
     """FSDP1 with ``use_orig_params=True``: for each rank, the unit and elements of each
     trainable parameter's part of its unit's shard, in the parameters' order, the parameters
     without one left out (FSDP gives them no gradient: the optimizer skips them).
     ``ignored``: with the trainable parameters FSDP does not manage, whole on every rank
     (:data:`~fsdpviz.schema.report.IGNORED`), after their module's own."""
-    # here, not at the top: the plan loads torch, and the command line's checks import the
-    # cost model (through the exports) before torch is loaded
-    from fsdpviz.plan.fsdp1 import flat_param_layout
-
-    shapes = {
-        f"{m.fqn}.{name}" if m.fqn else name: shape
-        for m in report.modules
-        for name, shape in m.params.items()
-    }
+    shapes = _param_shapes(report)
     held: dict[str, dict[int, tuple[str, int]]] = {}  # parameter -> {rank: (unit, part)}
     ranks = 1
     for u in report.units:
@@ -402,13 +442,7 @@ def fsdp1_parts(report: Report, ignored: bool = False) -> list[list[tuple[str, i
             continue
         n_ranks = u.shard_ranks
         ranks = max(ranks, n_ranks)
-        layout = flat_param_layout(
-            [math.prod(shapes.get(p) or [0]) for p in u.params],
-            itemsize(u.compute_dtype or u.dtype),
-            use_orig_params=True,
-            shard_world_size=n_ranks,
-            pad_to=report.config.process_group_size or n_ranks,
-        )
+        layout = _orig_layout(report, u, [math.prod(shapes.get(p) or [0]) for p in u.params])
         frozen = set(u.frozen_params)
         parts = layout.shard_parts([p not in frozen for p in u.params])
         for r, by_param in enumerate(parts):
