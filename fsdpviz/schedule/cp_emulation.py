@@ -33,9 +33,21 @@ module called the attention; where the ring waits for one, the runtime logs a ho
 wait at. Autograd saves what the flash kernel saves: the rank's queries, keys, values,
 output and log-sum-exp.
 
+What a rank holds between the ring's collectives is torch's to the byte (the lifetimes of
+``_templated_ring_attention``'s and its backward's local names kept: a buffer is let go
+where torch rebinds the name holding it): the rank's contiguous keys and values, held by the
+first block's ``k`` and ``v`` until the second block's; the buffer sent to the all-gather,
+let go once it is issued in forward, in backward held until the next block's is made (the
+last to the end); the float32 gradient
+accumulators, made before the backward's all-gather with the strides of the keys as saved
+(a transposed view's, so their ``flatten()`` copies before the first all-to-all); each
+block's gradients until the next block's are made; the buffer sent by an all-to-all until
+the next is received.
+
 The inputs: each tensor of two or more dimensions is cut along dimension 1, the sequence,
 as torchtitan passes its inputs and labels to ``context_parallel`` (:func:`shard_sequence`);
-the traced rank holds ``1 / cp`` of it.
+the traced rank holds ``1 / cp`` of it, in the storage of the whole tensor
+(``context_parallel`` copies the share into the tensor, ``resize_``, which keeps its bytes).
 
 With tensor parallelism too (a ``dp_shard x cp x tp`` mesh), the ring runs over the cp group
 (``mesh["cp"].get_group()`` in torch's ring handlers) on the local tensors a tp rank's attention
@@ -70,7 +82,8 @@ _HALVES = 2  # torch's round-robin load balancing: two chunks of a sequence per 
 
 def shard_sequence(args: tuple[Any, ...], kwargs: dict[str, Any], cp: int) -> Any:
     """One cp rank's share of the inputs: every tensor of two or more dimensions cut along
-    dimension 1 into ``2 cp`` chunks, the rank's two of them (the same storage cut once)."""
+    dimension 1 into ``2 cp`` chunks, the rank's two of them (the same storage cut once), in
+    a storage of the whole tensor's bytes, as ``context_parallel`` leaves it."""
     cut: dict[int, torch.Tensor] = {}
 
     def one(t: Any) -> Any:
@@ -85,7 +98,11 @@ def shard_sequence(args: tuple[Any, ...], kwargs: dict[str, Any], cp: int) -> An
                     f"positions (shape {tuple(t.shape)}): use a sequence length divisible by "
                     f"{_HALVES * cp}"
                 )
-            cut[id(t)] = t.narrow(1, 0, n // cp).clone()
+            # ``context_parallel`` copies the share into the tensor itself (``resize_``),
+            # whose storage keeps the whole sequence's bytes
+            share = t.clone()
+            share.resize_(t.narrow(1, 0, n // cp).shape)
+            cut[id(t)] = share
         return cut[id(t)]
 
     return tuple(_walk(a, one) for a in args), {k: _walk(v, one) for k, v in kwargs.items()}
@@ -283,6 +300,8 @@ class _RingAttention(torch.autograd.Function):
         key: torch.Tensor,
         value: torch.Tensor,
     ) -> torch.Tensor:
+        # torch's ``_templated_ring_attention`` on rank 0, its names and their lifetimes
+        # kept: each buffer is let go where torch rebinds the name holding it
         cp = emu.size
         i, module, now = where  # now: compiled, each collective waited on once issued
         # a selective checkpoint that saves attention takes the saved output in backward:
@@ -295,74 +314,103 @@ class _RingAttention(torch.autograd.Function):
                 f"context parallelism: the attention in {module!r} has keys and values of "
                 "different shapes, which the ring passes on as one buffer"
             )
-        kv = torch.cat([key.flatten(), value.flatten()])
-        gathered = cp * 2 * emu.held(key, kv.element_size())
-        emu.issue(i, "cp_all_gather", module, gathered, quiet, now)
-        blocks = _blocks(kv, key, cp)
+        gathered = cp * 2 * emu.held(key, key.element_size())
         merger = _Merger()
-        out, lse = flash_block(query, key, value, True, scale)  # the rank's own block
-        merger.step(out, lse, partial=False)
-        if not now:
-            emu.wait(i, "all_gather", quiet)
-        del kv
-        late = query.chunk(_HALVES, dim=2)[1]  # rank 0's latest chunk sees every other rank
-        for k, v in blocks:
-            out, lse = flash_block(late, k, v, False, scale)
-            merger.step(out, lse, partial=True)
-        del blocks
-        out, lse = merger.results()
+        blocks: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for step in range(cp):
+            if step > 0:
+                if step == 1 and not now:
+                    emu.wait(i, "all_gather", quiet)
+                key, value = blocks[step - 1]  # views of the gathered buffer
+            if step < cp - 1:
+                # sent by the all-gather (once), then let go: ``exchange_buffers`` returns None
+                next_kv = torch.cat([key.flatten(), value.flatten()])
+                if step == 0:
+                    emu.issue(i, "cp_all_gather", module, gathered, quiet, now)
+                    blocks = _blocks(next_kv, key, cp)
+                del next_kv
+            # rank 0's latest chunk of queries sees every other rank's keys; ``k`` and ``v``
+            # hold the rank's own (contiguous) keys and values until the next block's
+            q, k, v = (
+                (query, key, value) if step == 0 else (query.chunk(_HALVES, dim=2)[1], key, value)
+            )
+            out, lse = flash_block(q, k, v, step == 0, scale)
+            merger.step(out, lse, partial=step > 0)
+        result, result_lse = merger.results()  # while the loop's buffers are held
+        del blocks, key, value, q, k, v, out, lse, merger
         ctx.emu, ctx.where, ctx.scale = emu, where, scale
-        ctx.save_for_backward(*saved, out, lse)
-        return out
+        ctx.save_for_backward(*saved, result, result_lse)
+        return result
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        # torch's ``_templated_ring_attention_backward`` on rank 0, its names and their
+        # lifetimes kept: each buffer is let go where torch rebinds the name holding it
         emu: CPEmulation = ctx.emu
         (i, module, now), scale, cp = ctx.where, ctx.scale, emu.size
         query, key, value, out, lse = ctx.saved_tensors
+        # the float32 accumulators take the strides of the tensors as saved (a transposed
+        # view's: their ``flatten()`` below copies), made before the keys are gathered
+        grad_query = torch.zeros_like(query, dtype=torch.float32)
+        grad_key = torch.zeros_like(key, dtype=torch.float32)
+        grad_value = torch.zeros_like(value, dtype=torch.float32)
+        shape, n = key.shape, key.numel()
         key, value = key.contiguous(), value.contiguous()
-        kv = torch.cat([key.flatten(), value.flatten()])
-        emu.issue(i, "cp_all_gather", module, cp * 2 * emu.held(key, kv.element_size()), now=now)
-        blocks = _blocks(kv, key, cp)
-        dq = torch.zeros_like(query, dtype=torch.float32)
-        dk = torch.zeros_like(key, dtype=torch.float32)
-        dv = torch.zeros_like(value, dtype=torch.float32)
-        dq_, dk_, dv_ = flash_block_backward(grad, query, key, value, out, lse, True, scale)
-        dk += dk_
-        dv += dv_
-        sent = torch.cat([dk.flatten(), dv.flatten()])
-        passed = 2 * emu.held(key, sent.element_size())  # each all-to-all: the rank's buffer
-        emu.issue(i, "cp_all_to_all", module, passed, now=now)
-        received = torch.empty_like(sent)  # what the previous rank sends
-        dq += dq_
-        del kv, dq_, dk_, dv_
-        half = (
-            query.chunk(_HALVES, dim=2)[1],
-            out.chunk(_HALVES, dim=2)[1],
-            grad.chunk(_HALVES, dim=2)[1],
-            lse.chunk(_HALVES, dim=2)[1].contiguous(),
-        )
-        for step, (k, v) in enumerate(blocks):
-            if step == 0 and not now:
-                emu.wait(i, "all_gather")
-            q2, out2, grad2, lse2 = half
-            dq_, dk_, dv_ = flash_block_backward(grad2, q2, k, v, out2, lse2, False, scale)
-            if not now:
-                emu.wait(i, "all_to_all")
-            dk = received[: key.numel()].view(key.shape)
-            dv = received[key.numel() :].view(key.shape)
-            dk += dk_
-            dv += dv_
-            sent = torch.cat([dk.flatten(), dv.flatten()])
+        gathered = cp * 2 * emu.held(key, key.element_size())
+        passed = 2 * emu.held(key, 4)  # each all-to-all: the rank's float32 buffer
+        blocks: list[tuple[torch.Tensor, torch.Tensor]] = []
+        next_kv: torch.Tensor | None = None
+        received: torch.Tensor | None = None  # the rotater's buffer, what the last rank sent
+        next_grad_kv: torch.Tensor | None = None
+        for step in range(cp):
+            if step > 0:
+                if step == 1 and not now:
+                    emu.wait(i, "all_gather")
+                key, value = blocks[step - 1]
+            if step != cp - 1:
+                next_kv = torch.cat([key.flatten(), value.flatten()])
+                if step == 0:
+                    emu.issue(i, "cp_all_gather", module, gathered, now=now)
+                    blocks = _blocks(next_kv, key, cp)
+            if step == 0:
+                q, k, v, out_, dout, lse_ = query, key, value, out, grad, lse
+            else:  # rank 0's latest chunk of queries sees every other rank's keys
+                q, k, v, out_, dout, lse_ = (
+                    query.chunk(_HALVES, dim=2)[1],
+                    key,
+                    value,
+                    out.chunk(_HALVES, dim=2)[1],
+                    grad.chunk(_HALVES, dim=2)[1],
+                    lse.chunk(_HALVES, dim=2)[1].contiguous(),
+                )
+            grad_query_, grad_key_, grad_value_ = flash_block_backward(
+                dout, q, k, v, out_, lse_, step == 0, scale
+            )
+            if step == 0:
+                grad_key += grad_key_
+                grad_value += grad_value_
+            else:
+                if not now:
+                    emu.wait(i, "all_to_all")
+                assert received is not None
+                next_grad_kv = received
+                grad_key = next_grad_kv[:n].view(shape)
+                grad_value = next_grad_kv[n:].view(shape)
+                grad_key += grad_key_
+                grad_value += grad_value_
+            next_grad_kv = torch.cat([grad_key.flatten(), grad_value.flatten()])
             emu.issue(i, "cp_all_to_all", module, passed, now=now)
-            received = torch.empty_like(sent)
-            dq = _partial_update(dq, dq_, 1, add=True)
-            del dq_, dk_, dv_
-        del blocks, half
+            received = torch.empty_like(next_grad_kv)
+            if step == 0:
+                grad_query += grad_query_
+            else:
+                grad_query = _partial_update(grad_query, grad_query_, 1, add=True)
+        del next_kv, next_grad_kv, blocks, key, value, q, k, v, out_, dout, lse_
+        del grad_query_, grad_key_, grad_value_
+        grad_query = grad_query.to(query.dtype)
         if not now:
             emu.wait(i, "all_to_all")
-        dq = dq.to(query.dtype)
-        final = received.to(key.dtype)
-        dk = final[: key.numel()].view(key.shape)
-        dv = final[key.numel() :].view(key.shape)
-        return None, None, None, dq, dk, dv
+        assert received is not None
+        final = received.to(query.dtype)
+        del received
+        return None, None, None, grad_query, final[:n].view(shape), final[n:].view(shape)

@@ -1,0 +1,206 @@
+"""Anchor: FSDP2 with context parallelism, the events and the memory at every event against
+real torch on the fake process group's 4 ranks: dp_shard 2 x cp 2 and dp_shard 1 x cp 4,
+FSDP sharding over both (torchtitan's ``dp_shard_cp``), float32 and bf16 (mixed precision).
+
+``tp_models.Llama`` (two blocks, dim 64, causal ``scaled_dot_product_attention``; a small
+feed-forward, so that attention's ring makes each block's forward peak) runs a step inside
+torch's ``context_parallel`` (its tokens cut by the default round-robin load balancer,
+``_HeadTailLoadBalancer``), then another under torch's ``MemTracker``: FSDP's events as its
+recorder sees them (as in ``test_cost_fsdp2_every_event``), and the ring's collectives as
+``_templated_ring_attention`` and its backward issue them (``all_gather_single`` of the keys
+and values, ``permute_tensor`` of their float32 gradients: kind, bytes, and the process group,
+``mesh["cp"]``'s), each settled as it is issued (its input made, its output not yet), with the
+most since the event before. The plan's steady step holds the same events, in order, the same
+bytes and groups, its memory model the same two figures at each, and the step's peak torch's.
+
+On the CPU, ``scaled_dot_product_attention`` runs ``_scaled_dot_product_flash_attention_for_cpu``,
+for which torch's context parallelism has neither a sharding strategy nor a handler
+(``NotImplementedError: Operator aten._scaled_dot_product_flash_attention_for_cpu.default
+does not have a sharding strategy registered``): :func:`cpu_ring` registers, beside CP's
+own handlers, one for it and its backward that calls torch's own ring functions with the
+CPU's kernel as their ``op``, as ``_scaled_dot_product_ring_flash_attention`` calls them
+with a GPU's. What differs from a GPU: the kernel (the CPU's flash kernel returns the
+output and log-sum-exp only, where a GPU's also returns its sequence bounds and random
+state, which the ring hands back from its last block) and the kernels' workspace, which no
+tracker sees; the ring's code, its collectives and every buffer it makes are torch's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+from unittest.mock import patch
+
+import pytest
+import torch
+import tp_models
+from every_event import EventLog, fsdp2_events
+
+import fsdpviz
+from fsdpviz.cost.memory import memory_model
+
+SIZES = {"vocab": 64, "dim": 64, "n_heads": 2, "hidden": 16, "layers": 2}
+BATCH, SEQ = 2, 16
+Seen = list[tuple[Any, ...]]  # (kind, unit or bytes, bytes in use after it, most since before)
+RING = {"all_gather_single": "cp_all_gather", "permute_tensor": "cp_all_to_all"}
+
+
+@contextmanager
+def cpu_ring() -> Iterator[None]:
+    """torch's context parallelism on the CPU's attention kernel: DTensor's dispatch of
+    ``_scaled_dot_product_flash_attention_for_cpu`` (and its backward) on the sequence-
+    sharded DTensors ``context_parallel`` makes runs ``_templated_ring_attention`` (and
+    ``_templated_ring_attention_backward``) over the cp group with that kernel as ``op``,
+    its results the local shards of ``Shard(2)`` DTensors, as CP's ``_sdpa_handler`` does
+    for a GPU's kernels."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cpa
+
+    aten = torch.ops.aten
+    fwd = aten._scaled_dot_product_flash_attention_for_cpu.default
+    bwd = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+    def handler(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        info = DTensor._op_dispatcher.unwrap_to_op_info(op, args, kwargs)
+        a = dict(zip((x.name for x in op._schema.arguments), info.local_args, strict=False))
+        a.update(info.local_kwargs)
+        mesh, group = info.compute_mesh, info.compute_mesh.get_group()
+        extra = {k: a[k] for k in ("dropout_p", "scale") if k in a}
+        assert a.get("attn_mask") is None
+        if op is fwd:
+            res = cpa._templated_ring_attention(
+                group, 2, fwd, a["query"], a["key"], a["value"],
+                is_causal=a.get("is_causal", False), **extra,
+            )  # fmt: skip
+        else:
+            res = cpa._templated_ring_attention_backward(
+                group, 2, bwd, a["grad_out"], "grad_out", a["query"], a["key"], a["value"],
+                a["out"], a["logsumexp"], a["is_causal"], **extra,
+            )  # fmt: skip
+        return tuple(DTensor.from_local(t, mesh, [Shard(2)], run_check=False) for t in res)
+
+    with patch.dict(cpa.custom_ops, {fwd: handler, bwd: handler}):
+        yield
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.float().square().mean()
+
+
+def _ids() -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, SIZES["vocab"], (BATCH, SEQ), generator=g)
+
+
+def _measured(mp: Any, cp: int) -> tuple[Seen, int, list[str]]:
+    """The steady step's events, its peak and the groups of the ring's collectives
+    (``"cp"`` where torch issued one over ``mesh["cp"]``'s group)."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.experimental import context_parallel
+
+    mesh = init_device_mesh("cpu", (4 // cp, cp), mesh_dim_names=("dp_shard", "cp"))
+    shard_mesh = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    torch.manual_seed(0)
+    model = tp_models.Llama(**SIZES)
+    options = {"mp_policy": mp} if mp is not None else {}
+    for (name,) in tp_models.LAYERS:
+        fully_shard(model.get_submodule(name), mesh=shard_mesh, **options)
+    fully_shard(model, mesh=shard_mesh, **options)
+    ids = _ids()
+    groups: list[str] = []
+    cp_group = mesh["cp"].get_group()  # not in the step: slicing a mesh makes a tensor
+
+    def ring(name: str, log: EventLog) -> Any:
+        original = getattr(funcol, name)
+
+        def collective(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            entry = [RING[name], None, None, None]
+            group = kwargs.get("group", args[-1] if args else None)
+            groups.append("cp" if group is cp_group else repr(group))
+            log.seen.append(entry)
+            log.settle(entry)  # as it is issued: its input made, its output not yet
+            out = original(t, *args, **kwargs)
+            whole = out if name == "all_gather_single" else t
+            entry[1] = whole.numel() * whole.element_size()
+            return out
+
+        return collective
+
+    with ExitStack() as stack:
+        stack.enter_context(cpu_ring())
+        stack.enter_context(
+            context_parallel(
+                mesh["cp"], buffers=[ids], buffer_seq_dims=[1], no_restore_buffers={ids}
+            )
+        )
+        log = stack.enter_context(fsdp2_events(model, ids, hsdp=False))
+        for name in RING:
+            stack.enter_context(patch.object(funcol, name, ring(name, log)))
+        for step in range(2):
+            if step == 1:
+                log.restart()
+                groups.clear()
+            out = model(ids)
+            _loss(out).backward()
+            del out
+            for p in model.parameters():
+                p.grad = None
+        tail: list[Any] = [None] * 4
+        log.settle(tail)
+    seen = log.measured()
+    return seen, max(tail[3], *(e[3] for e in seen)), groups
+
+
+def _planned(mp: Any, cp: int) -> tuple[Seen, int, list[str]]:
+    """The plan's steady step (as :func:`_measured`'s), its peak, its ring's groups."""
+    with torch.device("meta"):
+        model = tp_models.Llama(**SIZES)
+    options: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
+    report = fsdpviz.analyze(
+        model, _ids(), fully_shard=tp_models.LAYERS, mesh=("dp_shard", 4 // cp, "cp", cp),
+        loss=_loss, progress=False, **options,
+    )  # fmt: skip
+    mem = memory_model(report, optimizer=None, iteration=1)
+    events = report.iterations[1]
+    seen = [
+        (e.kind, e.nbytes if e.context_parallel else e.unit, row.total, row.peak_before)
+        for e, row in zip(events, mem.events, strict=True)
+    ]
+    ring = [str(e.group) for e in events if e.context_parallel]
+    assert report.config.shard_world_size == 4  # FSDP shards over dp_shard x cp
+    return seen, mem.peak["bytes"], ring
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_context_parallel_events_and_memory_at_every_event(
+    fake_pg: int, precision: str, cp: int
+) -> None:
+    """Every row agrees, both figures, and the peak. Before, with the same events, bytes and
+    groups:
+
+    - every row 128 B low at cp 2 (192 B at cp 4): ``context_parallel`` copies a rank's
+      share of the tokens into the tensor itself (``resize_``), whose storage keeps the whole
+      sequence's bytes, where the plan held a copy of the share alone;
+    - the backward's all-gather 12,288 B low at cp 2 (6,144 B at cp 4): torch makes the three
+      float32 gradient accumulators before it issues the all-gather;
+    - the most before the first all-to-all 8,192 B low (4,096 B at cp 4): the accumulators
+      take the strides of the keys and values as autograd saved them, a transposed view's,
+      so ``flatten()`` copies each before their ``torch.cat``; and before the others up to
+      2,112 B low: torch holds a block's gradients until the next block's are made;
+    - each forward's most before its block's reshard 4,288 B high at cp 2 (fp32): torch lets
+      the buffer it sends to the all-gather go once it is issued, and the contiguous keys and
+      values once the second block takes the gathered ones."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    assert fake_pg == 4
+    mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16" else None
+    (real, real_peak, real_groups), (mine, peak, groups) = _measured(mp, cp), _planned(mp, cp)
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
+    assert real_groups == groups == ["cp"] * (2 + cp) * SIZES["layers"]
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
+    assert not differ, (len(mine), differ)
+    assert peak == real_peak
