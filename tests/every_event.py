@@ -11,6 +11,12 @@ rebinds to what the function returns); a reduce-scatter, once its collective ret
 that all-reduce follows it (inside ``foreach_reduce``), else once the post-backward returns
 (the function's loop's last gradient let go).
 
+FSDP1's moments (:func:`fsdp1_events`): a free or a prefetch, once its call returns; an
+all-gather once ``_unshard`` returns (``post_unshard`` frees the low-precision shard it
+gathered); a reduce-scatter and the all-reduce across the replicas, once the post-backward
+hook's work is let go (autograd lets go of the gradients the hook was passed, a post hook
+of the ``AccumulateGrad`` node, as it returns).
+
 The plan walks each micro-step from its start (:func:`steady`): the most since the event
 before a micro-step's first counts the bytes at that event, the previous micro-step's last,
 and what that micro-step reached after it (its compute after its last event: a backward
@@ -24,6 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 from unittest.mock import patch
 
+import torch
 import torch.distributed as dist
 from pipeline_memory import _total, _tracker
 from torch import nn
@@ -94,8 +101,9 @@ class EventLog:
     """The entries of a run, ``[kind, unit, bytes, peak since the event before]`` each, in
     the order they happen; ``settle`` fills an entry's last two in."""
 
-    def __init__(self, settle: Callable[[list[Any]], None]) -> None:
+    def __init__(self, settle: Callable[[list[Any]], None], tracker: Any = None) -> None:
         self.settle = settle
+        self.tracker = tracker  # the MemTracker that measures them
         self.seen: list[list[Any]] = []
 
     def restart(self) -> None:
@@ -158,4 +166,87 @@ def fsdp2_events(model: nn.Module, inputs: Any, hsdp: bool) -> Iterator[EventLog
         patch.object(group_cls, "wait_for_unshard", copy_out),
         patch.object(dist, "reduce_scatter_single", scatter),
     ):
+        yield log
+
+
+@contextmanager
+def fsdp1_events(fsdp: nn.Module, inputs: Any) -> Iterator[EventLog]:
+    """While it is open, the events of the FSDP1 model ``fsdp`` (its buffers made: a step
+    run before; ``inputs`` held by the caller through the step) go into the log at the
+    moments the module's docstring names, its peaks from the opening on. The log's tracker
+    follows one iteration at a time: ``log.tracker.reset_mod_stats()`` after each."""
+    import warnings
+    import weakref
+
+    from test_cost_fsdp1_memtracker import _Tracker
+    from torch.distributed._tools.mem_tracker import _MemRefType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import _runtime_utils as ru
+    from torch.utils._pytree import tree_leaves
+
+    from fsdpviz.recording import FSDP1Recorder
+
+    tracker = _Tracker()
+    tracker.track_external(fsdp, inputs)
+    for module in fsdp.modules():
+        if isinstance(module, FSDP) and module._handle is not None:
+            flat = module._handle.flat_param
+            for name in ("_full_param_padded", "_mp_shard"):
+                buffer = getattr(flat, name, None)
+                if buffer is not None:
+                    tracker._update_and_maybe_create_winfos(buffer, _MemRefType.OTH)
+    log = EventLog(settler(tracker), tracker)
+    issued: dict[int, list[Any]] = {}  # index in the recorder's iteration -> its entry
+    # events whose moment is the end of an enclosing call: an all-gather's, its
+    # ``_unshard`` (``post_unshard`` frees the low-precision shard it gathered); a
+    # reduction's, the post-backward hook's, once autograd lets go of the gradients it was
+    # passed (as it returns; its buffers and .grad went before)
+    deferred: dict[str, list[list[Any]]] = {"unshard": [], "post_backward": []}
+
+    class Recorder(FSDP1Recorder):
+        def _append(self, event: Event) -> int:
+            entry = [event.kind, event.unit, None, None]
+            log.seen.append(entry)
+            super()._append(event)
+            if event.kind == "all_gather":
+                deferred["unshard"].append(entry)
+            elif event.kind in ("reduce_scatter", "all_reduce"):
+                deferred["post_backward"].append(entry)
+            else:
+                issued[len(self._current) - 1] = entry
+            return len(self._current) - 1
+
+        def _timed(self, index: int, start_ns: int) -> None:
+            entry = issued.pop(index, None)
+            if entry is not None:
+                log.settle(entry)
+
+    unshard = settled_after(ru._unshard, deferred["unshard"], log.settle)
+    original_hook = ru._post_backward_hook
+    passed: list[weakref.ref[Any]] = []  # the storages of the gradients the hook was passed
+
+    def post_backward_hook(*args: Any) -> Any:
+        grads = [t for t in tree_leaves(args[3:]) if isinstance(t, torch.Tensor)]
+        passed[:] = [weakref.ref(t.untyped_storage()) for t in grads]
+        return original_hook(*args)
+
+    def delete_callback(*args: Any) -> None:
+        """The tracker lets go of a storage: once autograd lets go of every gradient the
+        post-backward hook was passed (as the hook returns), its reductions are done."""
+        tracker_delete(*args)
+        if passed and all(ref() is None for ref in passed):
+            passed.clear()
+            settled_after(lambda: None, deferred["post_backward"], log.settle)()
+
+    tracker_delete = tracker._delete_callback
+    tracker._delete_callback = delete_callback
+    with (
+        warnings.catch_warnings(),
+        tracker,
+        patch.object(ru, "_unshard", unshard),
+        patch.object(ru, "_post_backward_hook", post_backward_hook),
+        Recorder(fsdp),
+    ):
+        warnings.simplefilter("ignore")
+        log.settle([None] * 4)  # its peaks start afresh
         yield log
