@@ -2,13 +2,18 @@
 
 FSDP2 (``fully_shard`` on each decoder layer, then the root) on transformers' Llama and
 Qwen2 built from configs in code, fp32 and bf16 parameters reducing in fp32, with and
-without transformers' own activation checkpointing of the layers
-(``gradient_checkpointing_enable``, non-reentrant); and a LoRA adapter on the query and
-value projections of a frozen Llama (``peft.get_peft_model``) under FSDP2 and under FSDP1
-(each layer a unit, ``use_orig_params=True``). The model's own loss of ``labels``. The
-events of the second optimizer step, and at each the bytes in use and the most since the
-event before, equal ``analyze``'s to the byte; the moments are those of
-``every_event.py``.
+without activation checkpointing of the layers (transformers' own,
+``gradient_checkpointing_enable``, non-reentrant; or torch's ``checkpoint_wrapper``, as
+``analyze``'s ``activation_checkpointing=`` models it); and a LoRA adapter on the query and
+value projections of a frozen Llama (``peft.get_peft_model``; on an fp32 base, or on a
+bf16 one with the adapters in fp32, peft's default) under FSDP2 and under FSDP1 (each
+layer a unit, ``use_orig_params=True``). The model's own loss of ``labels``. The events of
+the second optimizer step, and at each the bytes in use and the most since the event
+before, equal ``analyze``'s to the byte; the moments are those of ``every_event.py``.
+
+With the embedding frozen, the first layer's inputs need no gradient: its post-backward
+runs in the root's final callback, after the root's (frozen, its own never fires), and each
+lets go of the reduce-scatter input the group before kept.
 """
 
 from __future__ import annotations
