@@ -11,6 +11,12 @@ rebinds to what the function returns); a reduce-scatter, once its collective ret
 that all-reduce follows it (inside ``foreach_reduce``), else once the post-backward returns
 (the function's loop's last gradient let go).
 
+FSDP1's moments (:func:`fsdp1_events`): a free or a prefetch, once its call returns; an
+all-gather once ``_unshard`` returns (``post_unshard`` frees the low-precision shard it
+gathered); a reduce-scatter and the all-reduce across the replicas, once the post-backward
+hook's work is let go (autograd lets go of the gradients the hook was passed, a post hook
+of the ``AccumulateGrad`` node, as it returns).
+
 The plan walks each micro-step from its start (:func:`steady`): the most since the event
 before a micro-step's first counts the bytes at that event, the previous micro-step's last,
 and what that micro-step reached after it (its compute after its last event: a backward
@@ -19,26 +25,18 @@ whose last groups neither reshard nor reduce).
 
 from __future__ import annotations
 
-import warnings
-import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 from unittest.mock import patch
 
 import torch
 import torch.distributed as dist
 from pipeline_memory import _total, _tracker
-from test_cost_fsdp1_memtracker import _loss, _Tracker
 from torch import nn
-from torch.distributed._tools.mem_tracker import _MemRefType
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import _runtime_utils as ru
-from torch.utils._pytree import tree_leaves
 
 import fsdpviz
 from fsdpviz.cost.memory import memory_model
-from fsdpviz.recording import FSDP1Recorder
 from fsdpviz.schema.events import Event
 
 Measured = list[tuple[str, str, int, int]]  # (kind, unit, bytes after it, peak since the last)
@@ -103,8 +101,9 @@ class EventLog:
     """The entries of a run, ``[kind, unit, bytes, peak since the event before]`` each, in
     the order they happen; ``settle`` fills an entry's last two in."""
 
-    def __init__(self, settle: Callable[[list[Any]], None]) -> None:
+    def __init__(self, settle: Callable[[list[Any]], None], tracker: Any = None) -> None:
         self.settle = settle
+        self.tracker = tracker  # the MemTracker that measures them
         self.seen: list[list[Any]] = []
 
     def restart(self) -> None:
@@ -170,34 +169,25 @@ def fsdp2_events(model: nn.Module, inputs: Any, hsdp: bool) -> Iterator[EventLog
         yield log
 
 
-def fsdp1_run(fsdp: FSDP, ids: torch.Tensor, micro_steps: int) -> Measured:
-    """Real FSDP1 ``fsdp`` (``ids`` its input, held through the step): one optimizer step
-    (its buffers made, its orders recorded), then the events of the next one's micro-steps
-    (the first ``micro_steps - 1`` under ``no_sync``), each with the bytes at its moment and
-    the most since the event before.
+@contextmanager
+def fsdp1_events(fsdp: nn.Module, inputs: Any) -> Iterator[EventLog]:
+    """While it is open, the events of the FSDP1 model ``fsdp`` (its buffers made: a step
+    run before; ``inputs`` held by the caller through the step) go into the log at the
+    moments the module's docstring names, its peaks from the opening on. The log's tracker
+    follows one iteration at a time: ``log.tracker.reset_mod_stats()`` after each."""
+    import warnings
+    import weakref
 
-    The moments, as FSDP1's code runs them: a free or a prefetch, once its call returns; an
-    all-gather (``NO_SHARD``'s cast) once ``_unshard`` returns (``post_unshard`` frees the
-    low-precision shard it gathered); a reduce-scatter and an all-reduce, once the
-    post-backward hook's work is let go (autograd lets go of the gradients the hook was
-    passed, a post hook of the ``AccumulateGrad`` node, as it returns; ``NO_SHARD``'s
-    gradient all-reduced in place stays in ``.grad``)."""
+    from test_cost_fsdp1_memtracker import _Tracker
+    from torch.distributed._tools.mem_tracker import _MemRefType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import _runtime_utils as ru
+    from torch.utils._pytree import tree_leaves
 
-    def step(tracker: Any = None) -> None:
-        for k in range(micro_steps):
-            with fsdp.no_sync() if k < micro_steps - 1 else nullcontext():
-                out = fsdp(ids)
-                _loss(out).backward()
-                del out
-            if tracker is not None:
-                tracker.reset_mod_stats()  # it follows one iteration at a time
+    from fsdpviz.recording import FSDP1Recorder
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        step()
-    fsdp.zero_grad(set_to_none=True)
     tracker = _Tracker()
-    tracker.track_external(fsdp, ids)
+    tracker.track_external(fsdp, inputs)
     for module in fsdp.modules():
         if isinstance(module, FSDP) and module._handle is not None:
             flat = module._handle.flat_param
@@ -205,19 +195,18 @@ def fsdp1_run(fsdp: FSDP, ids: torch.Tensor, micro_steps: int) -> Measured:
                 buffer = getattr(flat, name, None)
                 if buffer is not None:
                     tracker._update_and_maybe_create_winfos(buffer, _MemRefType.OTH)
-    seen: list[list[Any]] = []  # [kind, unit, bytes after, peak since the event before]
+    log = EventLog(settler(tracker), tracker)
     issued: dict[int, list[Any]] = {}  # index in the recorder's iteration -> its entry
     # events whose moment is the end of an enclosing call: an all-gather's, its
     # ``_unshard`` (``post_unshard`` frees the low-precision shard it gathered); a
     # reduction's, the post-backward hook's, once autograd lets go of the gradients it was
     # passed (as it returns; its buffers and .grad went before)
     deferred: dict[str, list[list[Any]]] = {"unshard": [], "post_backward": []}
-    settle = settler(tracker)
 
     class Recorder(FSDP1Recorder):
         def _append(self, event: Event) -> int:
             entry = [event.kind, event.unit, None, None]
-            seen.append(entry)
+            log.seen.append(entry)
             super()._append(event)
             if event.kind == "all_gather":
                 deferred["unshard"].append(entry)
@@ -230,9 +219,9 @@ def fsdp1_run(fsdp: FSDP, ids: torch.Tensor, micro_steps: int) -> Measured:
         def _timed(self, index: int, start_ns: int) -> None:
             entry = issued.pop(index, None)
             if entry is not None:
-                settle(entry)
+                log.settle(entry)
 
-    unshard = settled_after(ru._unshard, deferred["unshard"], settle)
+    unshard = settled_after(ru._unshard, deferred["unshard"], log.settle)
     original_hook = ru._post_backward_hook
     passed: list[weakref.ref[Any]] = []  # the storages of the gradients the hook was passed
 
@@ -245,7 +234,7 @@ def fsdp1_run(fsdp: FSDP, ids: torch.Tensor, micro_steps: int) -> Measured:
         kept = None if grad is None else grad.untyped_storage()
         passed[:] = [ref for ref in passed if ref() is not None and ref() is not kept]
         if not passed:
-            settled_after(lambda: None, deferred["post_backward"], settle)()
+            settled_after(lambda: None, deferred["post_backward"], log.settle)()
         return out
 
     def delete_callback(*args: Any) -> None:
@@ -254,7 +243,7 @@ def fsdp1_run(fsdp: FSDP, ids: torch.Tensor, micro_steps: int) -> Measured:
         tracker_delete(*args)
         if passed and all(ref() is None for ref in passed):
             passed.clear()
-            settled_after(lambda: None, deferred["post_backward"], settle)()
+            settled_after(lambda: None, deferred["post_backward"], log.settle)()
 
     tracker_delete = tracker._delete_callback
     tracker._delete_callback = delete_callback
@@ -266,7 +255,40 @@ def fsdp1_run(fsdp: FSDP, ids: torch.Tensor, micro_steps: int) -> Measured:
         Recorder(fsdp),
     ):
         warnings.simplefilter("ignore")
-        settle([None] * 4)  # its peaks start afresh
-        step(tracker)
-    assert all(None not in entry for entry in seen), seen
-    return [tuple(entry) for entry in seen]
+        log.settle([None] * 4)  # its peaks start afresh
+        yield log
+
+
+def fsdp1_run(fsdp: nn.Module, ids: torch.Tensor, micro_steps: int) -> Measured:
+    """Real FSDP1 ``fsdp`` (``ids`` its input, held through the step): one optimizer step
+    (its buffers made, its orders recorded), then the events of the next one's micro-steps
+    (the first ``micro_steps - 1`` under ``no_sync``), each with the bytes at its moment and
+    the most since the event before.
+
+    The moments, as FSDP1's code runs them: a free or a prefetch, once its call returns; an
+    all-gather (``NO_SHARD``'s cast) once ``_unshard`` returns (``post_unshard`` frees the
+    low-precision shard it gathered); a reduce-scatter and an all-reduce, once the
+    post-backward hook's work is let go (autograd lets go of the gradients the hook was
+    passed, a post hook of the ``AccumulateGrad`` node, as it returns; ``NO_SHARD``'s
+    gradient all-reduced in place stays in ``.grad``)."""
+    import warnings
+    from contextlib import nullcontext
+
+    from test_cost_fsdp1_memtracker import _loss
+
+    def step(tracker: Any = None) -> None:
+        for k in range(micro_steps):
+            with fsdp.no_sync() if k < micro_steps - 1 else nullcontext():  # type: ignore[operator]
+                out = fsdp(ids)
+                _loss(out).backward()
+                del out
+            if tracker is not None:
+                tracker.reset_mod_stats()  # it follows one iteration at a time
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step()
+    fsdp.zero_grad(set_to_none=True)
+    with fsdp1_events(fsdp, ids) as log:
+        step(log.tracker)
+    return log.measured()

@@ -381,7 +381,12 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
             self._reshard_copies(c)
             self._first_forward_gradient(c)
         reducing = {events[e].unit for e in c.events if events[e].kind == "reduce_scatter"}
-        reclaims = self.fsdp2 and self.sync and c.hook == "post_backward"
+        # FSDP2's post-backward, resharded, lets go of the reduce-scatter inputs kept by
+        # groups before (``reduce_scatter_states``, one retained), frozen ones too; a
+        # micro-step without sync returns before. The root's final callback runs the
+        # post-backward of each group whose own did not fire (frozen, or its inputs needing
+        # no gradient): each of those lets go of them as its own would
+        reclaims = self.fsdp2 and self.sync and c.hook in ("post_backward", "final_callback")
         steps: list[tuple[tuple[str, ...], Sequence[int]]] = callback or [((), c.events)]
         for done, evs in steps:
             self._accumulate_fresh(done)
@@ -396,10 +401,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
                 self._snapshot(e)
                 if self.fsdp2 and ev.hook is not None:
                     self._redistribute_partial_grad(ev, c)  # a tp post-backward's
-                if reclaims and ev.kind == "free" and ev.unit == unit:
-                    # FSDP2's post-backward, resharded, lets go of the reduce-scatter inputs
-                    # kept by groups before (``reduce_scatter_states``, one retained), frozen
-                    # ones too; a micro-step without sync returns before
+                in_callback = c.hook == "final_callback"
+                if reclaims and ev.kind == "free" and (ev.unit == unit or in_callback):
                     self._release_reduce_scatter()
                 self._event_index = -1
             for u in (done if callback else finishing) if not self.sync else ():
