@@ -413,8 +413,6 @@ class TPEmulation:
                 if self._gpus_per_node is None:
                     warning = topology_warning(tpm, size)
                     self._implicit.setdefault((tpm.fqn, "topology"), warning)
-            if batch_one is not None and batch_one.output == ("shard", -1):
-                gathered, batch_one = batch_one, None  # the input gathered, as a larger batch's
             skipped = not gathered and not batch_one and self._skipped(t, r, tpm, known)
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
             if cast and t.dim() > 0 and self.plan.size > 1:
