@@ -18,7 +18,10 @@ group's trainable ones; the embedding in a call of its own, with
 ``unshard_in_backward`` models it) and without; the same on one call of two embeddings
 (the tokens' and learned positions', a group whose backward reads no parameter; the setter
 called on its second module), and on the embedding and the head in one call kept unsharded
-after forward (its pre-backward finds them gathered: no all-gather either way). The
+after forward (its pre-backward finds them gathered: no all-gather either way); the
+embedding with the setter under activation checkpointing, alone (its recompute stops before
+the lookup) and with a norm after it in one checkpointed region (its recompute, before the
+group's pre-backward, all-gathers it). The
 moments, and the two figures compared at each event (the bytes in use, the most since the
 event before), are those of
 ``test_cost_hybrid_every_event.py``; on a 1-D mesh, and on HSDP's micro-steps that do not

@@ -31,7 +31,9 @@ column-wise linears: DTensor's ``mm`` strategies leave their weights' gradients
 ``Partial()``, whole on the rank until FSDP's post-backward reduce-scatters each to its
 chunk. The CPU runs DTensor's all-to-all as an all-gather and a chunk; the run compared
 runs it as a GPU does instead (``_dtensor::shard_dim_alltoall``'s kernel, its buffers made
-by the same ATen operators), and the CPU's fallback is compared apart.
+by the same ATen operators), and the CPU's fallback is compared apart. Other shapes make
+DTensor's strategies gather the input in forward, or move the output's gradient by an
+all-to-all for the input's gradient or the weight's.
 """
 
 from __future__ import annotations
