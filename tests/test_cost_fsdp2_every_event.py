@@ -18,7 +18,10 @@ group's trainable ones; the embedding in a call of its own, with
 ``unshard_in_backward`` models it) and without; the same on one call of two embeddings
 (the tokens' and learned positions', a group whose backward reads no parameter; the setter
 called on its second module), and on the embedding and the head in one call kept unsharded
-after forward (its pre-backward finds them gathered: no all-gather either way). The
+after forward (its pre-backward finds them gathered: no all-gather either way); the
+embedding with the setter under activation checkpointing, alone (its recompute stops before
+the lookup) and with a norm after it in one checkpointed region (its recompute, before the
+group's pre-backward, all-gathers it). The
 moments, and the two figures compared at each event (the bytes in use, the most since the
 event before), are those of
 ``test_cost_hybrid_every_event.py``; on a 1-D mesh, and on HSDP's micro-steps that do not
@@ -44,6 +47,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import fsdpviz
 from fsdpviz.examples import DecoderLayer, ExampleModel
+from fsdpviz.schema.names import unwrapped_fqn
 
 BF16 = (torch.bfloat16, torch.bfloat16)
 BF16_FP32 = (torch.bfloat16, torch.float32)
@@ -381,6 +385,48 @@ def _embedding(**kwargs: Any) -> Callable[[ExampleModel], dict[str, Any]]:
     }
 
 
+def _checkpoint_embedding(model: ExampleModel) -> None:
+    """The embedding under ``checkpoint_wrapper`` (non-reentrant), recomputed in backward."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    model.embed_tokens = cast(Any, checkpoint_wrapper(model.embed_tokens))
+
+
+def _checkpoint_normed_embedding(model: ExampleModel) -> None:
+    """The embedding followed by a norm (BLOOM's ``word_embeddings_layernorm``), the two
+    under one ``checkpoint_wrapper``."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    normed = nn.Sequential(model.embed_tokens, nn.LayerNorm(model.config.hidden_size))
+    model.embed_tokens = cast(Any, checkpoint_wrapper(normed))
+
+
+NORMED_EMBEDDING = "embed_tokens._checkpoint_wrapped_module.0"
+
+
+def _normed_embedding_not_gathered_for_backward(**options: Any) -> Shard:
+    """The embedding of :func:`_checkpoint_normed_embedding` in a call of its own, with
+    ``set_unshard_in_backward(False)``, each layer, then the root, with ``options`` each."""
+    from torch.distributed.fsdp import fully_shard
+
+    def shard(model: ExampleModel, mesh: DeviceMesh) -> None:
+        embedding = model.get_submodule(NORMED_EMBEDDING)
+        fully_shard(embedding, mesh=mesh, **options)
+        cast(Any, embedding).set_unshard_in_backward(False)
+        _layers_and_root(**options)(model, mesh)
+
+    return shard
+
+
+def _normed_embedding(**kwargs: Any) -> Callable[[ExampleModel], dict[str, Any]]:
+    """``analyze``'s keywords for :func:`_normed_embedding_not_gathered_for_backward`."""
+    return lambda model: {
+        "fully_shard": [NORMED_EMBEDDING, DecoderLayer],
+        "unshard_in_backward": {NORMED_EMBEDDING: False},
+        **kwargs,
+    }
+
+
 def _sync_kept_gathered(model: ExampleModel, last: bool) -> None:
     model.set_requires_gradient_sync(last)
     model.set_reshard_after_backward(last)
@@ -485,6 +531,25 @@ SETUPS: dict[str, Setup] = {
         (2, 2), _embedding_not_gathered_for_backward(mp_policy=_policy(BF16_FP32)),
         _embedding(mp_policy=_policy(BF16_FP32)),
     ),
+    # ... under activation checkpointing: its recompute in backward, after its pre-backward
+    # (the group then PRE_BACKWARD), stops at its first saved tensor, the indices (the
+    # checkpoint's early stop), before the lookup reads the weight: nothing gathered
+    "checkpointed-embedding-not-unsharded-in-backward-fp32": Setup(
+        (4,), _embedding_not_gathered_for_backward(), _embedding(), prepare=_checkpoint_embedding,
+    ),
+    # ... checkpointed with the norm after it: the region's recompute, in the norm's backward,
+    # runs before the embedding's pre-backward (the group IDLE, not PRE_BACKWARD), so its
+    # pre-forward all-gathers the group in backward as a forward does (FORWARD: the buffer
+    # kept to its post-forward, the recompute's forward root; no reshard there)
+    "checkpointed-normed-embedding-not-unsharded-in-backward-fp32": Setup(
+        (4,), _normed_embedding_not_gathered_for_backward(), _normed_embedding(),
+        prepare=_checkpoint_normed_embedding,
+    ),
+    "checkpointed-normed-embedding-not-unsharded-in-backward-bf16-fp32-accum": Setup(
+        (4,), _normed_embedding_not_gathered_for_backward(mp_policy=_policy(BF16_FP32)),
+        _normed_embedding(mp_policy=_policy(BF16_FP32)), _sync, 2,
+        prepare=_checkpoint_normed_embedding,
+    ),
     # set_unshard_in_backward(False) on one call of two embeddings (torch's list form): the
     # group gathered once in forward, neither gathered nor prefetched in backward
     "grouped-embeddings-not-unsharded-in-backward-fp32": Setup(
@@ -543,7 +608,10 @@ def test_configurations_users_run_hold_what_torch_holds_at_every_event(
     report = fsdpviz.analyze(
         copy, {"input_ids": _ids()}, mesh=setup.mesh, loss=_loss, **setup.kwargs(copy), **accum
     )
-    same(real, steady(report, setup.micro_steps))
+    # (a call on a module inside a checkpoint wrapper keeps the wrapper's segment in the
+    # plan's name; the recorder names it without)
+    mine = [(e[0], unwrapped_fqn(e[1]), *e[2:]) for e in steady(report, setup.micro_steps)]
+    same(real, cast(Measured, mine))
 
 
 def test_grouped_call_whose_head_reads_its_weight_not_unsharded_is_refused(fake_pg: int) -> None:

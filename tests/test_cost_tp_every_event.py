@@ -31,7 +31,9 @@ column-wise linears: DTensor's ``mm`` strategies leave their weights' gradients
 ``Partial()``, whole on the rank until FSDP's post-backward reduce-scatters each to its
 chunk. The CPU runs DTensor's all-to-all as an all-gather and a chunk; the run compared
 runs it as a GPU does instead (``_dtensor::shard_dim_alltoall``'s kernel, its buffers made
-by the same ATen operators), and the CPU's fallback is compared apart.
+by the same ATen operators), and the CPU's fallback is compared apart. Other shapes make
+DTensor's strategies gather the input in forward, or move the output's gradient by an
+all-to-all for the input's gradient or the weight's.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import tp_models
 from every_event import EventLog, fsdp2_events
 from gloo_worker import _FUNCOL, devices_per_host
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import PrepareModuleInput
+from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
 
 import fsdpviz
 from fsdpviz.cost.memory import memory_model
@@ -72,9 +74,10 @@ class _NormedAttention(tp_models.Attention):
                                F.rms_norm(x, shape))  # fmt: skip
 
 
-def _build(norm: str, batch_one: int = 0) -> tp_models.Llama:
-    """``batch_one``: the batch of one's model (a sequence of that length)."""
-    model = tp_models.Llama(**(BATCH_ONE if batch_one else SIZES))
+def _build(norm: str, batch_one: int = 0, sizes: dict[str, int] | None = None) -> tp_models.Llama:
+    """``batch_one``: the batch of one's model (a sequence of that length; ``sizes``, other
+    sizes than :data:`BATCH_ONE`)."""
+    model = tp_models.Llama(**(sizes or (BATCH_ONE if batch_one else SIZES)))
     if norm != "none":
         for block in model.layers.values():
             block.attention = _NormedAttention(SIZES["dim"], SIZES["n_heads"], norm)
@@ -103,6 +106,15 @@ def _batch_one_plan(seq: int) -> dict[str, Any]:
     return plan
 
 
+def _absorbed_plan(seq: int) -> dict[str, Any]:
+    """:func:`_batch_one_plan` with each ``ffn_norm``'s output a plain tensor, which the
+    feed-forward's ``PrepareModuleInput`` makes a DTensor (``from_local``): a ``Partial()``
+    gradient of its input comes back to it, which reduce-scatters it to ``Shard(1)``."""
+    plan = _batch_one_plan(seq)
+    plan["layers.*.ffn_norm"] = SequenceParallel(use_local_output=True)
+    return plan
+
+
 def _ids(batch_one: int = 0) -> torch.Tensor:
     shape = (1, batch_one) if batch_one else (2, 8)
     return torch.randint(0, SIZES["vocab"], shape, generator=torch.Generator().manual_seed(0))
@@ -113,23 +125,30 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
 
 
 def _measured(
-    norm: str, mp: Any, batch_one: int = 0, nccl: bool = False, unshard_embedding: bool = True
+    norm: str,
+    mp: Any,
+    batch_one: int = 0,
+    nccl: bool = False,
+    unshard_embedding: bool = True,
+    shape: tuple[Any, dict[str, int] | None] = (_batch_one_plan, None),
 ) -> Step:
     """``batch_one``: a batch of one of that sequence length, dp_shard 1 x tp 4,
     :func:`_batch_one_plan`, DTensor's cost model weighing the tp group as on a GPU node of
     8, as the plan does; ``nccl``: DTensor's all-to-all as a GPU runs it
     (:func:`_nccl_all_to_all`). ``unshard_embedding`` False: the embedding in a
-    ``fully_shard`` call of its own, whose ``set_unshard_in_backward(False)`` is called."""
+    ``fully_shard`` call of its own, whose ``set_unshard_in_backward(False)`` is called.
+    ``shape``: the batch of one's plan (a function of the sequence) and sizes."""
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    shape = (1, 4) if batch_one else (2, 2)
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp_shard", "tp"))
+    planned, sizes = shape
+    dims = (1, 4) if batch_one else (2, 2)
+    mesh = init_device_mesh("cpu", dims, mesh_dim_names=("dp_shard", "tp"))
     torch.manual_seed(0)
-    model = _build(norm, batch_one)
-    parallelize_module(model, mesh["tp"], _batch_one_plan(batch_one) if batch_one else _plan(norm))
+    model = _build(norm, batch_one, sizes)
+    parallelize_module(model, mesh["tp"], planned(batch_one) if batch_one else _plan(norm))
     options = {"mp_policy": mp} if mp is not None else {}
     for (name,) in _calls(unshard_embedding):
         fully_shard(model.get_submodule(name), mesh=mesh["dp_shard"], **options)
@@ -211,19 +230,24 @@ def _calls(unshard_embedding: bool) -> list[tuple[str, ...]]:
 
 
 def _planned(
-    norm: str, mp: Any, batch_one: int = 0, unshard_embedding: bool = True
+    norm: str,
+    mp: Any,
+    batch_one: int = 0,
+    unshard_embedding: bool = True,
+    shape: tuple[Any, dict[str, int] | None] = (_batch_one_plan, None),
 ) -> tuple[Seen, int, list[Any]]:
     """The plan's steady step (as :func:`_measured`'s), its peak, each event's hook and
     module."""
+    planned, sizes = shape
     with torch.device("meta"):
-        model = _build(norm, batch_one)
+        model = _build(norm, batch_one, sizes)
     options: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
     if not unshard_embedding:
         options["unshard_in_backward"] = {"tok_embeddings": False}
     report = fsdpviz.analyze(
         model, _ids(batch_one), fully_shard=_calls(unshard_embedding),
         mesh=("dp_shard", 1, "tp", 4) if batch_one else ("dp_shard", 2, "tp", 2),
-        parallelize_plan=_batch_one_plan(batch_one) if batch_one else _plan(norm), loss=_loss,
+        parallelize_plan=planned(batch_one) if batch_one else _plan(norm), loss=_loss,
         progress=False, **options,
     )  # fmt: skip
     mem = memory_model(report, optimizer=None, iteration=1)
@@ -255,14 +279,19 @@ def test_tensor_parallel_events_and_memory_at_every_event(
     assert peak == real_peak
 
 
-def _batch_one(seq: int = BATCH_ONE_SEQ) -> tuple[Step, tuple[Seen, int, list[Any]]]:
+def _batch_one(
+    seq: int = BATCH_ONE_SEQ, shape: tuple[Any, dict[str, int] | None] = (_batch_one_plan, None)
+) -> tuple[Step, tuple[Seen, int, list[Any]]]:
     """The batch of one measured, DTensor's all-to-all as a GPU runs it
     (:func:`_nccl_all_to_all`), and planned, DTensor's strategies asked afresh (the plan's
-    first multiply asks them as it is traced)."""
+    first multiply asks them as it is traced); ``shape``: its plan and sizes."""
     from fsdpviz.schedule.tp_mm_strategy import mm_choice
 
     mm_choice.cache_clear()
-    return _measured("none", None, seq, nccl=True), _planned("none", None, seq)
+    return (
+        _measured("none", None, seq, nccl=True, shape=shape),
+        _planned("none", None, seq, shape=shape),
+    )
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -346,6 +375,56 @@ def test_tensor_parallel_batch_of_one_uneven_sequence(fake_pg: int) -> None:
     (real, real_peak), (mine, peak, _) = _batch_one(UNEVEN_SEQ)
     assert [e[:2] for e in real] == [e[:2] for e in mine]
     assert ("tp_all_to_all", BATCH_ONE_SEQ * BATCH_ONE["hidden"] * 4) in [e[:2] for e in mine]
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
+    assert not differ, (len(mine), differ)
+    assert peak == real_peak
+
+
+# DTensor's mm strategies for other shapes of a batch of one (costed as on a GPU node of 8),
+# each feed-forward's input gradient reduce-scattered by its PrepareModuleInput
+# (:func:`_absorbed_plan`): (sequence, sizes, the collectives w1's and w3's backward
+# multiplies issue, of the output's gradient or the saved input)
+STRATEGIES: dict[str, tuple[int, dict[str, int], list[str]]] = {
+    # forward: the input gathered (the product Shard(-1)); backward: the saved input gathered
+    # again for the weight's gradient (Shard(0), the weight's chunk), none for the input's
+    "input-gathered": (16, BATCH_ONE, ["tp_all_gather"]),
+    # forward: the weight gathered; backward: the output's gradient moved by an all-to-all
+    # for the input's gradient (Partial()), none for the weight's (Partial())
+    "input-gradient-all-to-all": (64, {**BATCH_ONE, "dim": 512, "hidden": 64}, ["tp_all_to_all"]),
+    # forward: the input gathered; backward: the output's gradient's transpose moved by an
+    # all-to-all for the weight's gradient (Partial()), none for the input's
+    "weight-gradient-all-to-all": (
+        128,
+        {**BATCH_ONE, "dim": 512, "hidden": 256},
+        ["tp_all_to_all"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(STRATEGIES))
+def test_tensor_parallel_batch_of_one_other_strategies_at_every_event(
+    fake_pg: int, case: str
+) -> None:
+    """Every row agrees, both figures, and the peak, where DTensor's strategies move other
+    operands than :func:`test_tensor_parallel_batch_of_one_partial_weight_gradients`'s:
+
+    - the input gathered in forward is a temporary of its multiply (the saved input stays a
+      rank's share), and the weight's gradient a chunk (before, the plan held the input
+      gathered, whole, to backward: 4,096 B more a multiply, 14,336 B more from the second
+      block's, and 24,576 B more at the weight's gradient, planned whole);
+    - the backward multiply for the weight's gradient holds its moved operand until it has
+      made its product (before: let go at once), reported as it is issued;
+    - an all-to-all a strategy chooses makes the kernel's buffers, and its operand, a
+      transpose, is copied contiguous first (``Shard._pad_for_new_shard_dim``: 32,768 B
+      more as it is issued, which the plan left out before)."""
+    assert fake_pg == 4
+    seq, sizes, moved = STRATEGIES[case]
+    (real, real_peak), (mine, peak, tags) = _batch_one(seq, (_absorbed_plan, sizes))
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
+    back = next(i for i, (_, m) in enumerate(tags) if m == "output")  # backward after it
+    issued = sorted({e[0] for i, (e, (_, m)) in enumerate(zip(mine, tags, strict=True))
+                     if i > back and (m or "").endswith((".w1", ".w3"))})  # fmt: skip
+    assert issued == moved
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
     assert not differ, (len(mine), differ)
     assert peak == real_peak

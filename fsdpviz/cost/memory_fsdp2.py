@@ -73,6 +73,8 @@ class FSDP2Host(Protocol):
     _scale_swap: int
     _saved_totals: dict[str, int] | None
     tape: Tape
+    held: tuple[str, int] | None
+    _recomputed: set[str]
 
     def _moment(self, where: str, c: HookCall | None, e: Event | None = None) -> None: ...
     def _all_reduce_partial_grad(self, e: Event, c: HookCall) -> None: ...
@@ -94,6 +96,19 @@ class FSDP2Steps:
 
     _scale_swap = 0  # see _extra_scales
     _saved_totals: dict[str, int] | None = None  # see _forward_saved
+    held: tuple[str, int] | None = None  # see _release_held
+
+    def _release_held(self: FSDP2Host, unit: str | None = None) -> None:
+        """The all-gather buffer a copy-out in ``FORWARD`` keeps (``comm_ctx.all_gather_state``)
+        let go, as the next such copy-out or the forward root's post-forward lets it go
+        (``unit``: the root's, a recompute's). A recompute that runs a group before its
+        pre-backward (a checkpointed region that runs it and more) gathers it in ``FORWARD``,
+        keeps the buffer, and is its forward's root (``iter_forward_root``): the group's
+        post-forward in backward lets it go."""
+        if self.held is not None:
+            self._free("all_gather", "all_gather", ("out", self.held[0]), self.held[1])
+            self.held = None
+        self._recomputed.discard(unit or "")
 
     def _scales_out(self: FSDP2Host, unit: str, s: UnitBytes, gathered: bool, c: HookCall) -> int:
         """The copy-out of ``unit`` (``fsdp_post_all_gather``): its new scales replace those

@@ -135,7 +135,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         self.resident: set[str] = set()
         self.pending: dict[str, tuple[int, bool]] = {}  # unit -> (bytes, prefetch)
         self._pipeline_setup(report)  # a pipeline's stages, their UNSHARDs and roots
-        self.held: tuple[str, int] | None = None
+        self.held: tuple[str, int] | None = None  # see FSDP2Steps._release_held
+        self._recomputed: set[str] = set()  # ... and a recompute's
         self.copied: dict[str, int] = {}  # unit -> its shard copied to the device (offload)
         self.orig_views = not self.fsdp2 and cfg.use_orig_params
         self._fsdp1_setup(tp, report)  # FSDP1: its copies under CPU offload, its forwards
@@ -431,9 +432,10 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         if c.hook == "pre_backward" and dropping:
             self._dropping.add(unit)
         root = unit == self._root or unit in self._stage_roots
-        root_done = self.fsdp2 and c.hook == "post_forward" and root
-        if root_done and not self.in_backward:
-            self._release_held()  # the root's post-forward frees the kept all-gather buffer
+        ahead = self._recomputed if self.in_backward else ()  # a recompute's root, in backward
+        root_done = (root and not self.in_backward) or unit in ahead
+        if self.fsdp2 and c.hook == "post_forward" and root_done:
+            self._release_held(unit)  # the forward root's post-forward frees the kept buffer
         self._window(c, opening=False)
         if c.hook == "final_callback":
             self.in_backward = False
@@ -459,6 +461,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         elif e.kind == "all_gather":
             n = s.all_gather if self.fsdp2 else s.unsharded
             self.pending[e.unit] = (n, e.prefetch)
+            if self.in_backward and e.phase == "forward":  # see FSDP2Steps._release_held
+                self._recomputed.add(e.unit)
             if s.scales and self.fsdp2 and not self._precomputed:
                 self._gathering.add(e.unit)  # fsdp_pre_all_gather's new scales
                 self._rescale()
@@ -542,7 +546,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         if unit in self.on_compute:  # a stage's UNSHARD: copied out, its buffer freed
             self.cat[self._pool_of(unit)] -= pending[0]
             return
-        forward = c.hook == "pre_forward" and not self.in_backward
+        forward = c.hook == "pre_forward" and (not self.in_backward or unit in self._recomputed)
         if forward:
             self._release_held()
         # a forward copy-out keeps it to the next copy-out (``wait_for_unshard``: in forward,
@@ -638,11 +642,6 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
             self.cat[rs] -= n
             if rs == "backward_temp":
                 self.one_rank_rs -= n
-
-    def _release_held(self) -> None:
-        if self.held is not None:
-            self._free("all_gather", "all_gather", ("out", self.held[0]), self.held[1])
-            self.held = None
 
     def _drop_pending(self, unit: str) -> None:
         n, _ = self.pending.pop(unit)

@@ -182,7 +182,8 @@ def fsdp2_probe(
         float8_fused=bool(job.compile),
     )
     probe.attach(runtime)
-    probe.forbid_in_backward({g.name: list(g.params) for g in _not_gathered_for_backward(groups)})
+    freed = {g.name: list(g.params) for g in _not_gathered_for_backward(groups)}
+    probe.forbid_in_backward(freed, runtime.gathered)
     if tp is not None:
         tp.measure(probe)
     return probe

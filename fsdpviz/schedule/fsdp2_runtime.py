@@ -241,6 +241,13 @@ class FSDP2Runtime:
             Event(kind, g.name, phase, prefetch, hook, hook_unit, group=group, **self.tag)
         )
 
+    def gathered(self, name: str) -> bool:
+        """Whether group ``name``'s parameters are unsharded now (a recompute that runs its
+        forward before its pre-backward gathers it, ``set_unshard_in_backward(False)`` or
+        not: its state is then ``FORWARD``, not ``PRE_BACKWARD``)."""
+        return any(g.name == name and g.sharded == Sharded.UNSHARDED
+                   for s in self.states for g in s.groups)  # fmt: skip
+
     # ----------------------------------------------------------- group ops
     def _unshard(self, g: GroupState) -> None:
         if g.pending or g.sharded == Sharded.UNSHARDED:

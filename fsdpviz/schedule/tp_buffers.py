@@ -150,7 +150,13 @@ def padded_bytes(
 
 
 def all_to_all_buffers(
-    probe: CostProbe, t: torch.Tensor, src: Layout, dst: Layout, tp: int, issue: Issue = None
+    probe: CostProbe,
+    t: torch.Tensor,
+    src: Layout,
+    dst: Layout,
+    tp: int,
+    issue: Issue = None,
+    contiguous: bool = True,
 ) -> torch.Tensor:
     """The all-to-all of ``t`` from ``Shard(g)`` to ``Shard(s)`` as DTensor makes it on a
     GPU (``Shard._to_new_shard_dim``; the CPU's fallback gathers instead), on the first
@@ -165,7 +171,9 @@ def all_to_all_buffers(
     view, the padded buffer held. Each buffer holds ``g`` gathered (padded) and a chunk of
     ``s``; the kernel holds its three until it returns, the padded copy until the
     redistribution returns, the result alone after: at a batch of one either the send or
-    the result is a view, so two buffers, three at a larger batch."""
+    the result is a view, so two buffers, three at a larger batch. A rank's tensor that is
+    not ``contiguous`` (a transpose) and needs no padding is copied contiguous first (the
+    same function), held as the padded copy is."""
     g, s = (src[1] or 0) % t.dim(), (dst[1] or 0) % t.dim()
     chunk_g, chunk_s = chunks(t.shape[g], tp)[0], chunks(t.shape[s], tp)[0]
     local = list(t.shape)  # the first rank's tensor as the kernel takes it
@@ -176,6 +184,8 @@ def all_to_all_buffers(
     gathered[g] = chunk_g * tp
     with probe.redistributed(share_of(t, dst, tp)):
         padded = t.new_empty(gathered) if chunk_s * tp != t.shape[s] else None
+        if padded is None and not contiguous and chunk_g * tp == t.shape[g]:
+            padded = t.new_empty(t.shape)
         if issue is not None:  # (the kernel called)
             issue()
         sent = t.new_empty(gathered) if math.prod(local[:s]) > 1 else None

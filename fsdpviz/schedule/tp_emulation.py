@@ -71,7 +71,6 @@ from fsdpviz.schedule.tp_implicit import (
     gathered_warning,
     implicit_warnings,
     issued_forward,
-    moves_made,
     multiplied_backward,
     normalised,
     partial_grad_warning,
@@ -401,7 +400,7 @@ class TPEmulation:
                 if plain and self.plan.size > 1 and not same_layout(plain[1][0], r.src, t.dim()):
                     refuse_mislabelled_local(tpm, plain[1], r.src)
             weight, size = getattr(module, "weight", None), self.plan.size  # a linear's
-            gathered: bool | BatchOneMultiply = isinstance(t, torch.Tensor) and (
+            gathered = isinstance(t, torch.Tensor) and (
                 gathered_by_multiply(t, r, tpm, known, size)
             )  # fmt: skip
             node = self._gpus_per_node or GPUS_PER_NODE
@@ -413,8 +412,6 @@ class TPEmulation:
                 if self._gpus_per_node is None:
                     warning = topology_warning(tpm, size)
                     self._implicit.setdefault((tpm.fqn, "topology"), warning)
-            if batch_one is not None and batch_one.output == ("shard", -1):
-                gathered, batch_one = batch_one, None  # the input gathered, as a larger batch's
             skipped = not gathered and not batch_one and self._skipped(t, r, tpm, known)
             cast = isinstance(t, torch.Tensor) and self._float8_input(t, tpm, known)
             if cast and t.dim() > 0 and self.plan.size > 1:
@@ -434,8 +431,7 @@ class TPEmulation:
                 t, r, tpm, i, known, (float8, False), moved, grad
             ) if batch_one is None else self._batch_one(t, batch_one, tpm, i)  # fmt: skip
             if gathered:  # the linear's multiply's backward, not the style's
-                multiply = gathered if isinstance(gathered, BatchOneMultiply) else None
-                out = self._gathered_backward(t, out, tpm, i, multiply)
+                out = self._gathered_backward(t, out, tpm, i)
             if prepared and not tpm.inputs_local:
                 if out is t and isinstance(t, torch.Tensor):
                     # nothing moved: the DTensor the module takes is not the caller's tensor
@@ -507,9 +503,7 @@ class TPEmulation:
         self._implicit.setdefault((tpm.fqn, r.position), skipped_warning(tpm, r, known))
         return tpm.base == "PrepareModuleInput"
 
-    def _gathered_backward(
-        self, t: torch.Tensor, out: Any, tpm: TPModule, i: int, m: BatchOneMultiply | None
-    ) -> Any:
+    def _gathered_backward(self, t: torch.Tensor, out: Any, tpm: TPModule, i: int) -> Any:
         """The backward of a linear whose multiply gathered its ``_StridedShard`` input
         (:func:`gathered_by_multiply`): no ``Redistribute.backward`` (the style ran none), but
         the weight's gradient (``mm`` of the output's gradient and the saved input, still
@@ -518,10 +512,7 @@ class TPEmulation:
         back to a sharded layout, an all-reduce to a replicated one) or, where no style
         redistributed it, to DTensor's operators that made it, whose backward reduces it by
         their own sharding propagation (noted, not planned; its memory noted as not exact:
-        :func:`gathered_warning`). A batch of one's (``m``): the backward's operands as
-        DTensor's ``mm`` strategies move them (:func:`batch_one_multiply`)."""
-        if m is not None:
-            self._scattered_weight(t, m, tpm)
+        :func:`gathered_warning`)."""
         found = self._aliased(t, self._grads)
         if found is not None:
             found[1][0] = PARTIAL
@@ -535,15 +526,11 @@ class TPEmulation:
         probe = self._probe
 
         def report() -> None:
-            for move in m.backward if m is not None else ():
-                self.runtime.tensor_parallel(i, move.kind, tpm.fqn, "backward", move.nbytes, dtype)
-            if m is None and isinstance(weight, nn.Parameter) and weight.requires_grad:
+            if isinstance(weight, nn.Parameter) and weight.requires_grad:
                 self.runtime.tensor_parallel(i, "tp_all_gather", tpm.fqn, "backward", nbytes, dtype)
 
         def back_copy(g: torch.Tensor) -> torch.Tensor:
-            if m is not None:
-                moves_made(probe, m.backward, g, self.plan.size)
-            elif probe is not None and isinstance(weight, nn.Parameter) and weight.requires_grad:
+            if probe is not None and isinstance(weight, nn.Parameter) and weight.requires_grad:
                 with probe.redistributed(None):  # the input gathered for the weight's gradient
                     g.new_empty(g.shape)
             return g

@@ -8,7 +8,9 @@ not (:func:`skipped_warning`, :func:`gathered_warning`, :func:`partial_grad_warn
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -26,7 +28,7 @@ from fsdpviz.plan.tensor_parallel import (
     same_layout,
 )
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
-from fsdpviz.schedule.tp_buffers import collective_buffer, padded_bytes
+from fsdpviz.schedule.tp_buffers import all_to_all_buffers, collective_buffer, padded_bytes
 from fsdpviz.schedule.tp_flow import GradCollective
 from fsdpviz.schedule.tp_mm_strategy import GPUS_PER_NODE, mm_choice, topology_dependent
 from fsdpviz.schema.config import costed_within_node
@@ -146,12 +148,16 @@ class Move:
             rank's share for an all-to-all).
         dim: the dim of the 2-D operand it is sharded on (1: a transpose's, the weight's
             ``t()`` in forward).
+        contiguous: whether a rank's operand is contiguous (not: the transpose of the
+            output's gradient that the weight's gradient multiplies), which an all-to-all
+            copies contiguous first (``Shard._pad_for_new_shard_dim``).
     """
 
     kind: str
     nbytes: int
     shape: tuple[int, ...]
     dim: int = 0
+    contiguous: bool = True
 
 
 @dataclass(frozen=True)
@@ -198,19 +204,23 @@ class BatchOneMultiply:
 
 
 def _moves(
-    operands: list[tuple[tuple[int, int], Layout, Layout]], itemsize: int, tp: int
+    operands: list[tuple[tuple[int, int], Layout, Layout]],
+    itemsize: int,
+    tp: int,
+    transposed: int | None = None,
 ) -> tuple[Move, ...] | None:
     """The collectives taking each 2-D operand (shape, layout, the layout a strategy wants)
-    there; None for one fsdpviz does not plan (a partial operand)."""
+    there (``transposed``: the index of an operand that is a transpose); None for one
+    fsdpviz does not plan (a partial operand)."""
     moves: list[Move] = []
-    for shape, src, dst in operands:
+    for n, (shape, src, dst) in enumerate(operands):
         if src in (dst, REPLICATE):
             continue
         if src[0] != "shard" or dst == PARTIAL:
             return None
         kind = "tp_all_gather" if dst == REPLICATE else "tp_all_to_all"
         nbytes = padded_bytes(math.prod(shape) * itemsize, torch.Size(shape), kind, src, dst, tp)
-        moves.append(Move(kind, nbytes, shape, (src[1] or 0) % 2))
+        moves.append(Move(kind, nbytes, shape, (src[1] or 0) % 2, n != transposed))
     return tuple(moves)
 
 
@@ -271,7 +281,7 @@ def batch_one_multiply(
         if gw is None or gw.output not in (s0, PARTIAL):
             return None
         found = _moves([((out, rows), grad_t, gw.inputs[0]),
-                        ((rows, features), s0, gw.inputs[1])], size, tp)  # fmt: skip
+                        ((rows, features), s0, gw.inputs[1])], size, tp, 0)  # fmt: skip
         if found is None:
             return None
         more, partial = found, gw.output == PARTIAL
@@ -305,8 +315,11 @@ def multiplied_backward(
     hook on the output's gradient (``GradCollective``'s copy)."""
 
     def back_copy(g: torch.Tensor) -> torch.Tensor:
-        report(m.weight_backward)
-        moves_made(probe, m.weight_backward, g, size)
+        if probe is None or not weight_grad:
+            report(m.weight_backward)
+
+        def weight_side() -> list[torch.Tensor]:  # each reported as it is issued
+            return moves_made(probe, m.weight_backward, g, size, lambda mv: report((mv,)))
 
         def input_side() -> list[torch.Tensor]:
             report(m.input_backward)
@@ -314,6 +327,9 @@ def multiplied_backward(
 
         rows = math.prod(g.shape[:-1])
         made = None if m.input_grad == PARTIAL or g.dim() == 0 else dim_share(rows, size)
+        if probe is not None and weight_grad:  # Shard(0) (the weight's chunk) or Partial()
+            probe.before_backward_mm(0, weight_side, None if m.weight_grad_partial else
+                                     Fraction(1, size))  # fmt: skip
         if probe is None or (not m.input_backward and made is None):
             input_side()
         else:
@@ -324,17 +340,29 @@ def multiplied_backward(
 
 
 def moves_made(
-    probe: CostProbe | None, moves: tuple[Move, ...], like: torch.Tensor, tp: int
+    probe: CostProbe | None,
+    moves: tuple[Move, ...],
+    like: torch.Tensor,
+    tp: int,
+    issue: Callable[[Move], None] | None = None,
 ) -> list[torch.Tensor]:
     """The buffers ``moves`` make, temporaries the multiply frees once it has run (the
-    caller holds them until then): whole for an all-gather, a rank's share for an
-    all-to-all."""
+    caller holds them until then): whole for an all-gather; an all-to-all's as the GPU's
+    kernel makes them (:func:`~fsdpviz.schedule.tp_buffers.all_to_all_buffers`), its
+    result a rank's share."""
     if probe is None:
         return []
     made = []
     for move in moves:
-        share = None if move.kind == "tp_all_gather" else Fraction(1, tp)
-        with probe.redistributed(share):
+        issued = functools.partial(issue, move) if issue is not None else None
+        if move.kind == "tp_all_to_all":  # the operand's shape, no storage of its own
+            operand = like.as_strided(move.shape, [0] * len(move.shape))
+            src, dst = ("shard", move.dim), ("shard", 1 - move.dim)
+            made.append(all_to_all_buffers(probe, operand, src, dst, tp, issued, move.contiguous))
+            continue
+        if issued is not None:
+            issued()
+        with probe.redistributed(None):
             made.append(like.new_empty(move.shape))
     return made
 

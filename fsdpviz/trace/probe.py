@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any
@@ -174,6 +174,7 @@ class CostProbe(
         # storages no backward may read (forbid_in_backward): id -> (weakref, unit)
         self._unread: dict[int, tuple[weakref.ref[torch.UntypedStorage], str]] = {}
         self.read_in_backward: dict[str, str] = {}  # unit -> the first operator that read it
+        self._gathered: Callable[[str], bool] = lambda unit: False  # ... gathered now
         self.marks: list[Mark] = []
         self._tails: dict[int, Mark] = {}  # mark count at the end of a step -> its last stretch
         self._watch: list[int] | None = None  # see watch()
@@ -200,11 +201,16 @@ class CostProbe(
         self._count_events = lambda: len(runtime.events)
         self._tracker.measure = self.step
 
-    def forbid_in_backward(self, by_unit: dict[str, list[torch.Tensor]]) -> None:
+    def forbid_in_backward(
+        self, by_unit: Mapping[str, Sequence[torch.Tensor]], gathered: Callable[[str], bool]
+    ) -> None:
         """Record in :attr:`read_in_backward`, by unit, the first operator of a backward (a
-        recomputation's included) that reads the storage of one of ``by_unit``'s tensors:
-        what fails on a real run where they were freed after forward and are not gathered
-        again (FSDP2's ``set_unshard_in_backward(False)``)."""
+        recomputation's included) that reads the storage of one of ``by_unit``'s tensors
+        while ``gathered(unit)`` is False: what fails on a real run where they were freed
+        after forward and are not gathered again (FSDP2's ``set_unshard_in_backward(False)``).
+        A recomputation that starts before the unit's own pre-backward (a checkpointed
+        region that runs the unit and more) gathers it as a forward does."""
+        self._gathered = gathered
         for unit, tensors in by_unit.items():
             for t in tensors:
                 if (st := storage_of(t)) is not None:
@@ -214,7 +220,7 @@ class CostProbe(
         for t in tree_leaves(args):
             st = storage_of(t) if isinstance(t, torch.Tensor) else None
             entry = self._unread.get(id(st)) if st is not None else None
-            if entry is None or entry[0]() is not st:
+            if entry is None or entry[0]() is not st or self._gathered(entry[1]):
                 continue
             # name an operator that computes with it rather than a detach (an alias)
             if self.read_in_backward.get(entry[1], "aten.detach") == "aten.detach":
