@@ -382,11 +382,9 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
             self._reshard_copies(c)
             self._first_forward_gradient(c)
         reducing = {events[e].unit for e in c.events if events[e].kind == "reduce_scatter"}
-        # FSDP2's post-backward, resharded, lets go of the reduce-scatter inputs kept by
-        # groups before (``reduce_scatter_states``, one retained), frozen ones too; a
-        # micro-step without sync returns before. The root's final callback runs the
-        # post-backward of each group whose own did not fire (frozen, or its inputs needing
-        # no gradient): each of those lets go of them as its own would
+        # FSDP2's post-backward, resharded, lets go of the reduce-scatter inputs kept by groups
+        # before (``reduce_scatter_states``), frozen ones too, not without sync; the root's final
+        # callback runs each post-backward that did not fire (frozen), which lets go the same
         reclaims = self.fsdp2 and self.sync and c.hook in ("post_backward", "final_callback")
         steps: list[tuple[tuple[str, ...], Sequence[int]]] = callback or [((), c.events)]
         for done, evs in steps:
