@@ -1,6 +1,8 @@
 """Anchor: FSDP2 with context parallelism, the events and the memory at every event against
 real torch on the fake process group's 4 ranks: dp_shard 2 x cp 2 and dp_shard 1 x cp 4,
-FSDP sharding over both (torchtitan's ``dp_shard_cp``), float32 and bf16 (mixed precision).
+FSDP sharding over both (torchtitan's ``dp_shard_cp``), float32 and bf16 (mixed precision),
+with and without full activation checkpointing of the blocks (non-reentrant
+``torch.utils.checkpoint``, whose recomputation runs the ring's forward again in backward).
 
 ``tp_models.Llama`` (two blocks, dim 64, causal ``scaled_dot_product_attention``; a small
 feed-forward, so that attention's ring makes each block's forward peak) runs a step inside
@@ -93,9 +95,10 @@ def _ids() -> torch.Tensor:
     return torch.randint(0, SIZES["vocab"], (BATCH, SEQ), generator=g)
 
 
-def _measured(mp: Any, cp: int) -> tuple[Seen, int, list[str]]:
+def _measured(mp: Any, cp: int, checkpointed: bool) -> tuple[Seen, int, list[str]]:
     """The steady step's events, its peak and the groups of the ring's collectives
-    (``"cp"`` where torch issued one over ``mesh["cp"]``'s group)."""
+    (``"cp"`` where torch issued one over ``mesh["cp"]``'s group); ``checkpointed``: each
+    block under activation checkpointing."""
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -104,7 +107,7 @@ def _measured(mp: Any, cp: int) -> tuple[Seen, int, list[str]]:
     mesh = init_device_mesh("cpu", (4 // cp, cp), mesh_dim_names=("dp_shard", "cp"))
     shard_mesh = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
     torch.manual_seed(0)
-    model = tp_models.Llama(**SIZES)
+    model = tp_models.Llama(**SIZES, checkpointed=checkpointed)
     options = {"mp_policy": mp} if mp is not None else {}
     for (name,) in tp_models.LAYERS:
         fully_shard(model.get_submodule(name), mesh=shard_mesh, **options)
@@ -154,10 +157,10 @@ def _measured(mp: Any, cp: int) -> tuple[Seen, int, list[str]]:
     return seen, max(tail[3], *(e[3] for e in seen)), groups
 
 
-def _planned(mp: Any, cp: int) -> tuple[Seen, int, list[str]]:
+def _planned(mp: Any, cp: int, checkpointed: bool) -> tuple[Seen, int, list[str]]:
     """The plan's steady step (as :func:`_measured`'s), its peak, its ring's groups."""
     with torch.device("meta"):
-        model = tp_models.Llama(**SIZES)
+        model = tp_models.Llama(**SIZES, checkpointed=checkpointed)
     options: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
     report = fsdpviz.analyze(
         model, _ids(), fully_shard=tp_models.LAYERS, mesh=("dp_shard", 4 // cp, "cp", cp),
@@ -174,10 +177,11 @@ def _planned(mp: Any, cp: int) -> tuple[Seen, int, list[str]]:
     return seen, mem.peak["bytes"], ring
 
 
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpointed"])
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_context_parallel_events_and_memory_at_every_event(
-    fake_pg: int, precision: str, cp: int
+    fake_pg: int, precision: str, cp: int, checkpointed: bool
 ) -> None:
     """Every row agrees, both figures, and the peak. Before, with the same events, bytes and
     groups:
@@ -193,14 +197,27 @@ def test_context_parallel_events_and_memory_at_every_event(
       2,112 B low: torch holds a block's gradients until the next block's are made;
     - each forward's most before its block's reshard 4,288 B high at cp 2 (fp32): torch lets
       the buffer it sends to the all-gather go once it is issued, and the contiguous keys and
-      values once the second block takes the gathered ones."""
+      values once the second block takes the gathered ones.
+
+    Checkpointed (the recomputed ring's collectives among the events), before:
+
+    - from the backward's all-gather until its block's gradients are done, 8,192 B low at
+      fp32 cp 2 (4,096 B at fp32 cp 4 and bf16 cp 2, 2,048 B at bf16 cp 4): autograd's
+      node holds the keys and values it unpacked until the ring's backward returns, where
+      the plan let them go once it rebound the names to their contiguous copies (without
+      checkpointing the node's saved tensors held them anyway);
+    - at bf16 cp 2, each forward's most before its block's reshard 128 B high: torch's
+      merger rebinds its names to the merged chunks, so the old log-sum-exp goes before the
+      merged output's buffer is made, where the plan held it until the step's end."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     assert fake_pg == 4
     mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16" else None
-    (real, real_peak, real_groups), (mine, peak, groups) = _measured(mp, cp), _planned(mp, cp)
+    real, real_peak, real_groups = _measured(mp, cp, checkpointed)
+    mine, peak, groups = _planned(mp, cp, checkpointed)
     assert [e[:2] for e in real] == [e[:2] for e in mine]
-    assert real_groups == groups == ["cp"] * (2 + cp) * SIZES["layers"]
+    rings = (2 + cp + checkpointed) * SIZES["layers"]  # a recomputed forward: one all-gather
+    assert real_groups == groups == ["cp"] * rings
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
     assert not differ, (len(mine), differ)
     assert peak == real_peak

@@ -38,11 +38,12 @@ What a rank holds between the ring's collectives is torch's to the byte (the lif
 where torch rebinds the name holding it): the rank's contiguous keys and values, held by the
 first block's ``k`` and ``v`` until the second block's; the buffer sent to the all-gather,
 let go once it is issued in forward, in backward held until the next block's is made (the
-last to the end); the float32 gradient
-accumulators, made before the backward's all-gather with the strides of the keys as saved
-(a transposed view's, so their ``flatten()`` copies before the first all-to-all); each
-block's gradients until the next block's are made; the buffer sent by an all-to-all until
-the next is received.
+last to the end); in backward, the keys and values as saved, which autograd's node holds
+until the ring's backward returns (under activation checkpointing too, where nothing else
+does); the float32 gradient accumulators, made before the backward's all-gather with the
+strides of the keys as saved (a transposed view's, so their ``flatten()`` copies before the
+first all-to-all); each block's gradients until the next block's are made; the buffer sent
+by an all-to-all until the next is received.
 
 The inputs: each tensor of two or more dimensions is cut along dimension 1, the sequence,
 as torchtitan passes its inputs and labels to ``context_parallel`` (:func:`shard_sequence`);
@@ -247,15 +248,17 @@ class _Merger:
         if self.out is None or self.lse is None:
             self.out, self.lse = out, lse
             return
-        old_lse = self.lse.chunk(_HALVES, dim=2)[1] if partial else self.lse
-        old_out = self.out.chunk(_HALVES, dim=2)[1] if partial else self.out
-        new_out = old_out - F.sigmoid(lse - old_lse) * (old_out - out)
-        new_lse = old_lse - F.logsigmoid(old_lse - lse)
+        # torch rebinds one name to the old merged chunk and then to the new one: the old
+        # log-sum-exp goes once ``self.lse`` is replaced, before the output's new buffer
+        merged_lse = self.lse.chunk(_HALVES, dim=2)[1] if partial else self.lse
+        merged_out = self.out.chunk(_HALVES, dim=2)[1] if partial else self.out
+        merged_out = merged_out - F.sigmoid(lse - merged_lse) * (merged_out - out)
+        merged_lse = merged_lse - F.logsigmoid(merged_lse - lse)
         if partial:
-            self.lse = _partial_update(self.lse, new_lse, 1, add=False)
-            self.out = _partial_update(self.out, new_out, 1, add=False)
+            self.lse = _partial_update(self.lse, merged_lse, 1, add=False)
+            self.out = _partial_update(self.out, merged_out, 1, add=False)
         else:
-            self.out, self.lse = new_out, new_lse
+            self.out, self.lse = merged_out, merged_lse
 
     def results(self) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.out is not None and self.lse is not None
@@ -348,7 +351,11 @@ class _RingAttention(torch.autograd.Function):
         # lifetimes kept: each buffer is let go where torch rebinds the name holding it
         emu: CPEmulation = ctx.emu
         (i, module, now), scale, cp = ctx.where, ctx.scale, emu.size
-        query, key, value, out, lse = ctx.saved_tensors
+        # autograd's node holds what it unpacked until the kernel returns: the keys and
+        # values as saved outlive the names rebound below (under activation checkpointing,
+        # where the saved-tensor hooks hand them back, nothing else holds them)
+        saved = ctx.saved_tensors
+        query, key, value, out, lse = saved
         # the float32 accumulators take the strides of the tensors as saved (a transposed
         # view's: their ``flatten()`` below copies), made before the keys are gathered
         grad_query = torch.zeros_like(query, dtype=torch.float32)
