@@ -1,13 +1,16 @@
 """Anchor: FSDP1 hybrid sharding's memory at every event against real torch.
 
 ``HYBRID_SHARD`` and ``_HYBRID_SHARD_ZERO2``: shards over 2 ranks, 2 replicas (the fake
-process group's 4 ranks), float32 and bf16 parameters, with and without ``no_sync``. The
-real model runs one optimizer step (its buffers made, its orders recorded), then another
-under torch's ``MemTracker`` and fsdpviz's recorder. At each event the recorder sees: the
-bytes in use at the moment the plan's row stands for, and the most in use since the event
-before. The plan's steady micro-steps hold the same events, and its memory model the same
-two figures at each (``total``, ``peak_before``), to the byte (``every_event.py``; FSDP2's
-HSDP is anchored in ``test_cost_fsdp2_every_event.py``).
+process group's 4 ranks), float32 and bf16 parameters, with and without ``no_sync``; and
+with ``use_orig_params=True``, a frozen layer and the layers under non-reentrant activation
+checkpointing (the cases of ``test_cost_fsdp1_every_event.py``'s kind, ``ORIG_CASES``, some
+run as a rank holding the second of a shard group's shards). The real model runs one
+optimizer step (its buffers made, its orders recorded), then another under torch's
+``MemTracker`` and fsdpviz's recorder. At each event the recorder sees: the bytes in use at
+the moment the plan's row stands for, and the most in use since the event before. The
+plan's steady micro-steps hold the same events, and its memory model the same two figures at
+each (``total``, ``peak_before``), to the byte (``every_event.py``; FSDP2's HSDP is anchored
+in ``test_cost_fsdp2_every_event.py``).
 
 The moments, as FSDP1's code runs them: a free or a prefetch, once its call returns; an
 all-gather once ``_unshard`` returns (``post_unshard`` frees the low-precision shard it
@@ -18,13 +21,30 @@ of the ``AccumulateGrad`` node, as it returns).
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
 import torch
 from every_event import Measured, fsdp1_run, same, steady
-from test_cost_fsdp1_memtracker import BF16_FP32, CONFIG, _fsdp1, _ids, _loss, _SecondLayerTwice
+from test_cost_fsdp1_every_event import Case, _model
+from test_cost_fsdp1_memtracker import (
+    BF16,
+    BF16_FP32,
+    CONFIG,
+    _fsdp1,
+    _ids,
+    _loss,
+    _SecondLayerTwice,
+)
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
 from torch.distributed.fsdp import ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -42,7 +62,9 @@ def _measured_fsdp1(
     return fsdp1_run(_fsdp1(build, CONFIG, kwargs, mesh=(2, 2)), _ids(), micro_steps)
 
 
-STRATEGIES = [ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2]
+HYBRID = ShardingStrategy.HYBRID_SHARD
+ZERO2 = ShardingStrategy._HYBRID_SHARD_ZERO2
+STRATEGIES = [HYBRID, ZERO2]
 
 
 @pytest.mark.parametrize("micro_steps", [1, 2], ids=["one_step", "no_sync"])
@@ -87,3 +109,68 @@ def _check_fsdp1(
         **accum,
     )
     same(real, steady(report, micro_steps))
+
+
+# under no_sync the plan counts the most bytes of one parameter's part of a shard that any
+# rank's post-backward gives an empty_like of (``UnitBytes.unsharded_grad_views``), a part
+# of the second shard's: HYBRID_SHARD under no_sync with bf16 parameters or a frozen layer
+# run as rank 0 holds less, the most since the event before one row's 6,448 B (bf16) or
+# 4,080 B (float32, frozen) below the plan's: such cases run as a rank of the second shard
+ORIG_CASES: dict[str, Case] = {
+    "hybrid-orig": Case({"sharding_strategy": HYBRID, "use_orig_params": True}),
+    "hybrid-orig-no-sync": Case({"sharding_strategy": HYBRID, "use_orig_params": True}, 2),
+    "hybrid-frozen-orig-bf16-fp32-no-sync": Case(
+        {"sharding_strategy": HYBRID, "use_orig_params": True, "mixed_precision": BF16_FP32},
+        2,
+        frozen=True,
+        rank=1,
+    ),
+    "hybrid-frozen-orig-checkpointed": Case(
+        {"sharding_strategy": HYBRID, "use_orig_params": True}, checkpointed=True, frozen=True
+    ),
+    "zero2-orig-bf16-no-sync-3-checkpointed": Case(
+        {"sharding_strategy": ZERO2, "use_orig_params": True, "mixed_precision": BF16},
+        3,
+        checkpointed=True,
+        rank=1,
+    ),
+    "zero2-frozen-orig-no-sync": Case(
+        {"sharding_strategy": ZERO2, "use_orig_params": True}, 2, frozen=True, rank=3
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ORIG_CASES))
+def test_fsdp1_hybrid_sharding_original_parameters_at_every_event(
+    as_rank: Callable[..., None], case: str
+) -> None:
+    setup = ORIG_CASES[case]
+    if setup.rank:
+        as_rank(setup.rank, 4)
+    fsdp = _fsdp1(lambda c: _model(c, setup.frozen), CONFIG, setup.kwargs, mesh=(2, 2))
+    if setup.checkpointed:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            wrapper = partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+            apply_activation_checkpointing(
+                fsdp, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: isinstance(m, DecoderLayer)
+            )
+    real = fsdp1_run(fsdp, _ids(), setup.micro_steps)
+    with torch.device("meta"):
+        model = _model(CONFIG, setup.frozen)
+    extra: dict[str, Any] = {}
+    if setup.micro_steps > 1:
+        extra["grad_accum"] = setup.micro_steps
+    if setup.checkpointed:
+        extra["activation_checkpointing"] = [DecoderLayer]
+    report = fsdpviz.analyze(
+        model,
+        {"input_ids": _ids()},
+        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
+        world_size=4,
+        shard_group_size=2,
+        loss=_loss,
+        **setup.kwargs,
+        **extra,
+    )
+    same(real, steady(report, setup.micro_steps))
