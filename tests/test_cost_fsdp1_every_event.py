@@ -128,14 +128,13 @@ CASES: dict[str, Case] = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_fsdp1_options_hold_what_torch_holds_at_every_event(
-    as_rank: Callable[..., None], case: str
-) -> None:
-    setup = CASES[case]
+def compare(setup: Case, as_rank: Callable[..., None], hybrid: bool = False) -> None:
+    """Run ``setup`` in real FSDP1 (``hybrid``: on a 2 x 2 mesh, 2 shards and 2 replicas)
+    and plan it; the two agree at every event of the steady step."""
     if setup.rank:
         as_rank(setup.rank, 4)
-    fsdp = _fsdp1(lambda c: _model(c, setup.frozen), CONFIG, setup.kwargs)
+    mesh: dict[str, Any] = {"mesh": (2, 2)} if hybrid else {}
+    fsdp = _fsdp1(lambda c: _model(c, setup.frozen), CONFIG, setup.kwargs, **mesh)
     if setup.checkpointed:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -146,7 +145,7 @@ def test_fsdp1_options_hold_what_torch_holds_at_every_event(
     real = fsdp1_run(fsdp, _ids(), setup.micro_steps)
     with torch.device("meta"):
         model = _model(CONFIG, setup.frozen)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"shard_group_size": 2} if hybrid else {}
     if setup.micro_steps > 1:
         extra["grad_accum"] = setup.micro_steps
     if setup.checkpointed:
@@ -161,3 +160,10 @@ def test_fsdp1_options_hold_what_torch_holds_at_every_event(
         **extra,
     )
     same(real, steady(report, setup.micro_steps))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fsdp1_options_hold_what_torch_holds_at_every_event(
+    as_rank: Callable[..., None], case: str
+) -> None:
+    compare(CASES[case], as_rank)

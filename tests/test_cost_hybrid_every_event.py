@@ -21,15 +21,13 @@ of the ``AccumulateGrad`` node, as it returns).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import pytest
 import torch
 from every_event import Measured, fsdp1_run, same, steady
-from test_cost_fsdp1_every_event import Case, _model
+from test_cost_fsdp1_every_event import Case, compare
 from test_cost_fsdp1_memtracker import (
     BF16,
     BF16_FP32,
@@ -40,11 +38,6 @@ from test_cost_fsdp1_memtracker import (
     _SecondLayerTwice,
 )
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-    CheckpointImpl,
-    apply_activation_checkpointing,
-    checkpoint_wrapper,
-)
 from torch.distributed.fsdp import ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -144,33 +137,4 @@ ORIG_CASES: dict[str, Case] = {
 def test_fsdp1_hybrid_sharding_original_parameters_at_every_event(
     as_rank: Callable[..., None], case: str
 ) -> None:
-    setup = ORIG_CASES[case]
-    if setup.rank:
-        as_rank(setup.rank, 4)
-    fsdp = _fsdp1(lambda c: _model(c, setup.frozen), CONFIG, setup.kwargs, mesh=(2, 2))
-    if setup.checkpointed:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            wrapper = partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
-            apply_activation_checkpointing(
-                fsdp, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: isinstance(m, DecoderLayer)
-            )
-    real = fsdp1_run(fsdp, _ids(), setup.micro_steps)
-    with torch.device("meta"):
-        model = _model(CONFIG, setup.frozen)
-    extra: dict[str, Any] = {}
-    if setup.micro_steps > 1:
-        extra["grad_accum"] = setup.micro_steps
-    if setup.checkpointed:
-        extra["activation_checkpointing"] = [DecoderLayer]
-    report = fsdpviz.analyze(
-        model,
-        {"input_ids": _ids()},
-        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
-        world_size=4,
-        shard_group_size=2,
-        loss=_loss,
-        **setup.kwargs,
-        **extra,
-    )
-    same(real, steady(report, setup.micro_steps))
+    compare(ORIG_CASES[case], as_rank, hybrid=True)
