@@ -334,9 +334,8 @@ class _RingAttention(torch.autograd.Function):
                 del next_kv
             # rank 0's latest chunk of queries sees every other rank's keys; ``k`` and ``v``
             # hold the rank's own (contiguous) keys and values until the next block's
-            q, k, v = (
-                (query, key, value) if step == 0 else (query.chunk(_HALVES, dim=2)[1], key, value)
-            )
+            q = query if step == 0 else query.chunk(_HALVES, dim=2)[1]
+            k, v = key, value
             out, lse = flash_block(q, k, v, step == 0, scale)
             merger.step(out, lse, partial=step > 0)
         result, result_lse = merger.results()  # while the loop's buffers are held
@@ -380,16 +379,15 @@ class _RingAttention(torch.autograd.Function):
                     emu.issue(i, "cp_all_gather", module, gathered, now=now)
                     blocks = _blocks(next_kv, key, cp)
             if step == 0:
-                q, k, v, out_, dout, lse_ = query, key, value, out, grad, lse
+                q, out_, dout, lse_ = query, out, grad, lse
             else:  # rank 0's latest chunk of queries sees every other rank's keys
-                q, k, v, out_, dout, lse_ = (
+                q, out_, dout, lse_ = (
                     query.chunk(_HALVES, dim=2)[1],
-                    key,
-                    value,
                     out.chunk(_HALVES, dim=2)[1],
                     grad.chunk(_HALVES, dim=2)[1],
                     lse.chunk(_HALVES, dim=2)[1].contiguous(),
                 )
+            k, v = key, value  # (after: the last block's held while lse_'s copy is made)
             grad_query_, grad_key_, grad_value_ = flash_block_backward(
                 dout, q, k, v, out_, lse_, step == 0, scale
             )

@@ -581,7 +581,7 @@ class TPEmulation:
 
         w = getattr(self._model.get_submodule(tpm.fqn), "weight", None)
         back_copy = multiplied_backward(probe, m, getattr(w, "requires_grad", False), report, size)
-        hooked: torch.Tensor = GradCollective.apply(lambda: None, None, back_copy, output)  # type: ignore[no-untyped-call]
+        hooked: torch.Tensor = GradCollective.apply(_nothing, None, back_copy, output)  # type: ignore[no-untyped-call]
         return m.output, hooked
 
     def implicit_warnings(self) -> list[FsdpWarning]:
