@@ -91,6 +91,21 @@ def steady(report: fsdpviz.Report, micro_steps: int) -> Measured:
     return out
 
 
+def planned_step(
+    report: fsdpviz.Report, named: Callable[[Event], bool]
+) -> tuple[Measured, int, list[Event]]:
+    """The plan's second step (one micro-step), each event with the bytes after it and the
+    most since the event before (a ``named`` event, a parallel style's collective, by its
+    bytes in place of its unit); the step's peak; its events."""
+    mem = memory_model(report, optimizer=None, iteration=1)
+    events = report.iterations[1]
+    seen = [
+        (e.kind, e.nbytes if named(e) else e.unit, row.total, row.peak_before)
+        for e, row in zip(events, mem.events, strict=True)
+    ]
+    return seen, mem.peak["bytes"], events
+
+
 def same(real: Measured, mine: Measured) -> None:
     assert [e[:2] for e in real] == [e[:2] for e in mine]
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
@@ -114,6 +129,14 @@ class EventLog:
     def measured(self) -> list[tuple[Any, ...]]:
         assert all(None not in entry for entry in self.seen), self.seen
         return [tuple(entry) for entry in self.seen]
+
+    def step_end(self) -> tuple[list[tuple[Any, ...]], int]:
+        """At the step's end (the tracker still on): the entries, and the step's peak (the
+        most at any event, or since the last one to now)."""
+        tail: list[Any] = [None] * 4
+        self.settle(tail)
+        seen = self.measured()
+        return seen, max(tail[3], *(e[3] for e in seen))
 
 
 @contextmanager

@@ -37,10 +37,9 @@ from unittest.mock import patch
 import pytest
 import torch
 import tp_models
-from every_event import EventLog, fsdp2_events
+from every_event import EventLog, fsdp2_events, planned_step
 
 import fsdpviz
-from fsdpviz.cost.memory import memory_model
 
 SIZES = {"vocab": 64, "dim": 64, "n_heads": 2, "hidden": 16, "layers": 2}
 BATCH, SEQ = 2, 16
@@ -151,10 +150,8 @@ def _measured(mp: Any, cp: int, checkpointed: bool) -> tuple[Seen, int, list[str
             del out
             for p in model.parameters():
                 p.grad = None
-        tail: list[Any] = [None] * 4
-        log.settle(tail)
-    seen = log.measured()
-    return seen, max(tail[3], *(e[3] for e in seen)), groups
+        seen, peak = log.step_end()
+    return seen, peak, groups
 
 
 def _planned(mp: Any, cp: int, checkpointed: bool) -> tuple[Seen, int, list[str]]:
@@ -166,15 +163,10 @@ def _planned(mp: Any, cp: int, checkpointed: bool) -> tuple[Seen, int, list[str]
         model, _ids(), fully_shard=tp_models.LAYERS, mesh=("dp_shard", 4 // cp, "cp", cp),
         loss=_loss, progress=False, **options,
     )  # fmt: skip
-    mem = memory_model(report, optimizer=None, iteration=1)
-    events = report.iterations[1]
-    seen = [
-        (e.kind, e.nbytes if e.context_parallel else e.unit, row.total, row.peak_before)
-        for e, row in zip(events, mem.events, strict=True)
-    ]
+    seen, peak, events = planned_step(report, lambda e: e.context_parallel)
     ring = [str(e.group) for e in events if e.context_parallel]
     assert report.config.shard_world_size == 4  # FSDP shards over dp_shard x cp
-    return seen, mem.peak["bytes"], ring
+    return seen, peak, ring
 
 
 @pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpointed"])

@@ -23,18 +23,15 @@ from functools import partial
 from typing import Any
 
 import pytest
-import torch
 from every_event import fsdp1_run, same, steady
-from test_cost_fsdp1_memtracker import BF16, BF16_FP32, CONFIG, _fsdp1, _ids, _loss
+from test_cost_fsdp1_memtracker import BF16, BF16_FP32, CONFIG, _fsdp1, _ids, _report
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-import fsdpviz
 from fsdpviz.examples import DecoderLayer, ExampleConfig, ExampleModel
 
 FULL = ShardingStrategy.FULL_SHARD
@@ -143,22 +140,13 @@ def compare(setup: Case, as_rank: Callable[..., None], hybrid: bool = False) -> 
                 fsdp, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: isinstance(m, DecoderLayer)
             )
     real = fsdp1_run(fsdp, _ids(), setup.micro_steps)
-    with torch.device("meta"):
-        model = _model(CONFIG, setup.frozen)
-    extra: dict[str, Any] = {"shard_group_size": 2} if hybrid else {}
-    if setup.micro_steps > 1:
-        extra["grad_accum"] = setup.micro_steps
+    kwargs = dict(setup.kwargs)
+    if hybrid:
+        kwargs["shard_group_size"] = 2
     if setup.checkpointed:
-        extra["activation_checkpointing"] = [DecoderLayer]
-    report = fsdpviz.analyze(
-        model,
-        {"input_ids": _ids()},
-        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
-        world_size=4,
-        loss=_loss,
-        **setup.kwargs,
-        **extra,
-    )
+        kwargs["activation_checkpointing"] = [DecoderLayer]
+    build = partial(_model, frozen=setup.frozen)
+    report = _report(kwargs, setup.micro_steps, build=build)
     same(real, steady(report, setup.micro_steps))
 
 

@@ -193,10 +193,16 @@ def _measured_peak(
 
 
 def _report(
-    kwargs: dict[str, Any], micro_steps: int, config: ExampleConfig = CONFIG, seq: int = 9
+    kwargs: dict[str, Any],
+    micro_steps: int,
+    config: ExampleConfig = CONFIG,
+    seq: int = 9,
+    build: Callable[[ExampleConfig], nn.Module] = ExampleModel,
 ) -> fsdpviz.Report:
+    """The plan of ``kwargs`` for the model of ``config`` (``build``), each layer a unit, on
+    4 ranks, ``micro_steps`` per optimizer step."""
     with torch.device("meta"):
-        model = ExampleModel(config)
+        model = build(config)
     accum = {"grad_accum": micro_steps} if micro_steps > 1 else {}
     report = fsdpviz.analyze(
         model,

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
 from every_event import Measured, fsdp1_run, same, steady
 from test_cost_fsdp1_every_event import Case, compare
 from test_cost_fsdp1_memtracker import (
@@ -34,15 +33,13 @@ from test_cost_fsdp1_memtracker import (
     CONFIG,
     _fsdp1,
     _ids,
-    _loss,
+    _report,
     _SecondLayerTwice,
 )
 from torch import nn
 from torch.distributed.fsdp import ShardingStrategy
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-import fsdpviz
-from fsdpviz.examples import DecoderLayer, ExampleModel
+from fsdpviz.examples import ExampleModel
 
 
 def _measured_fsdp1(
@@ -88,19 +85,7 @@ def _check_fsdp1(
     kwargs: dict[str, Any], micro_steps: int, build: type[nn.Module] = ExampleModel
 ) -> None:
     real = _measured_fsdp1(kwargs, micro_steps, build)
-    with torch.device("meta"):
-        model = build(CONFIG)
-    accum = {"grad_accum": micro_steps} if micro_steps > 1 else {}
-    report = fsdpviz.analyze(
-        model,
-        {"input_ids": _ids()},
-        auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
-        world_size=4,
-        shard_group_size=2,
-        loss=_loss,
-        **kwargs,
-        **accum,
-    )
+    report = _report({**kwargs, "shard_group_size": 2}, micro_steps, build=build)
     same(real, steady(report, micro_steps))
 
 

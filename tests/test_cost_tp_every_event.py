@@ -46,13 +46,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 import tp_models
-from every_event import EventLog, fsdp2_events
+from every_event import EventLog, fsdp2_events, planned_step
 from gloo_worker import _FUNCOL, devices_per_host
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
 
 import fsdpviz
-from fsdpviz.cost.memory import memory_model
 from fsdpviz.schedule.tp_mm_strategy import GPUS_PER_NODE
 
 SIZES = {"vocab": 64, "dim": 64, "n_heads": 2, "hidden": 128, "layers": 2}
@@ -189,10 +188,7 @@ def _measured(
             del out
             for p in model.parameters():
                 p.grad = None
-        tail: list[Any] = [None] * 4  # the most since the last event, to the step's end
-        log.settle(tail)
-    seen = log.measured()
-    return seen, max(tail[3], *(e[3] for e in seen))
+        return log.step_end()
 
 
 def _nccl_all_to_all(log: EventLog) -> Any:
@@ -250,13 +246,8 @@ def _planned(
         parallelize_plan=planned(batch_one) if batch_one else _plan(norm), loss=_loss,
         progress=False, **options,
     )  # fmt: skip
-    mem = memory_model(report, optimizer=None, iteration=1)
-    events = report.iterations[1]
-    seen = [
-        (e.kind, e.nbytes if e.tensor_parallel else e.unit, row.total, row.peak_before)
-        for e, row in zip(events, mem.events, strict=True)
-    ]
-    return seen, mem.peak["bytes"], [(e.hook, e.module) for e in events]
+    seen, peak, events = planned_step(report, lambda e: e.tensor_parallel)
+    return seen, peak, [(e.hook, e.module) for e in events]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_cost_fsdp1_memtracker import _SecondLayerTwice
 
 import fsdpviz
 from fsdpviz.examples import DecoderLayer, ExampleConfig, example_inputs, example_model
@@ -84,22 +85,6 @@ def test_workers_trace_only_what_the_families_take(traced_each: Tuning) -> None:
     assert _candidates(derived) == _candidates(traced_each)
 
 
-class _SecondLayerTwice(torch.nn.Module):
-    """The example model with its second layer run twice per forward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.model = example_model(CONFIG)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        m = self.model
-        x = m.embed_tokens(input_ids)
-        for i in (0, 1, 1):
-            x = m.layers[i](x)
-        out: torch.Tensor = m.lm_head(m.norm(x))
-        return out
-
-
 def test_a_unit_run_twice_under_fsdp1_bf16_derived() -> None:
     """FSDP1 under parameter mixed precision, a unit run twice: each stretch's peak without
     the gradients autograd holds for the unit's other forward call (``peak_unbuffered``) is
@@ -108,8 +93,10 @@ def test_a_unit_run_twice_under_fsdp1_bf16_derived() -> None:
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     def tune() -> Tuning:
+        with torch.device("meta"):
+            model = _SecondLayerTwice(CONFIG)
         return fsdpviz.tune(
-            _SecondLayerTwice(), example_inputs(CONFIG, batch=12, seq=32), world_size=8,
+            model, example_inputs(CONFIG, batch=12, seq=32), world_size=8,
             auto_wrap_policy=ModuleWrapPolicy({DecoderLayer}),
             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16),
             knobs=("micro_batch",), exhaustive=True, progress=False, workers=1,

@@ -91,25 +91,18 @@ def _llama_tune(layers: int, every: int | None = None, batch: int = 2) -> Tuning
     """Hugging Face's Llama of ``layers`` decoder layers, the user's checkpointing every
     ``every``-th layer (None: none), tuned exhaustively over checkpointing (and the
     micro-batch where ``batch`` is more than 2)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from hf_models import llama_model
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    cfg = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=96,
-        use_cache=False,
-    )  # use_cache=False: the configuration as given keys the same traces as the rest
+    # use_cache=False: the configuration as given keys the same traces as the rest
+    model = llama_model(layers, use_cache=False)
     ids = example_inputs(ExampleConfig(vocab_size=96), batch=batch, seq=12)
     knobs = (
         ("micro_batch", "activation_checkpointing") if batch > 2 else ("activation_checkpointing",)
     )
     ac = None if every is None else CheckpointEvery([LlamaDecoderLayer], every)
     return fsdpviz.tune(
-        LlamaForCausalLM(cfg), ids, world_size=8, fully_shard=[LlamaDecoderLayer],
+        model, ids, world_size=8, fully_shard=[LlamaDecoderLayer],
         activation_checkpointing=ac, knobs=knobs, exhaustive=True, progress=False, workers=1,
     )  # fmt: skip
 
