@@ -20,7 +20,8 @@ of the ``AccumulateGrad`` node, as it returns).
 The plan walks each micro-step from its start (:func:`steady`): the most since the event
 before a micro-step's first counts the bytes at that event, the previous micro-step's last,
 and what that micro-step reached after it (its compute after its last event: a backward
-whose last groups neither reshard nor reduce).
+whose last groups neither reshard nor reduce), and any micro-step between without events
+(each group kept gathered through it) in whole.
 """
 
 from __future__ import annotations
@@ -86,7 +87,10 @@ def steady(report: fsdpviz.Report, micro_steps: int) -> Measured:
             kind, unit, total, peak = rows[0]
             rows[0] = (kind, unit, total, max(peak, out[-1][2], after))
         n = len(mem.events)
-        after = max((sum(m.bytes) for m in mem.moments if m.before >= n), default=0)
+        reached = max((sum(m.bytes) for m in mem.moments if m.before >= n), default=0)
+        # a micro-step without events (every group kept gathered through it) adds its
+        # compute to what the one before reached after its last event
+        after = reached if rows else max(after, reached)
         out += rows
     return out
 

@@ -7,9 +7,14 @@ without activation checkpointing of the layers (transformers' own,
 ``analyze``'s ``activation_checkpointing=`` models it); and a LoRA adapter on the query and
 value projections of a frozen Llama (``peft.get_peft_model``; on an fp32 base, or on a
 bf16 one with the adapters in fp32, peft's default) under FSDP2 and under FSDP1 (each
-layer a unit, ``use_orig_params=True``). The model's own loss of ``labels``. The events of
-the second optimizer step, and at each the bytes in use and the most since the event
-before, equal ``analyze``'s to the byte; the moments are those of ``every_event.py``.
+layer a unit, ``use_orig_params=True``). The model's own loss of ``labels``. And gradient
+accumulation over 2 and 3 micro-steps: under FSDP2 those before the last with
+``set_requires_gradient_sync(False)``, and with ``set_reshard_after_backward(False)`` too
+(each group kept gathered into the next micro-step, as ``analyze``'s ``grad_accum`` and
+``reshard_after_backward=False`` model them), resharding after forward or not; under FSDP1
+in ``no_sync``. The events of the second optimizer step's micro-steps, and at each the
+bytes in use and the most since the event before, equal ``analyze``'s to the byte; the
+moments are those of ``every_event.py``.
 
 With the embedding frozen, the first layer's inputs need no gradient: its post-backward
 runs in the root's final callback, after the root's (frozen, its own never fires), and each
@@ -113,8 +118,13 @@ def _loss(out: Any) -> torch.Tensor:
     return loss
 
 
-def _fsdp2_measured(model: nn.Module, options: dict[str, Any]) -> Measured:
-    from torch.distributed.fsdp import fully_shard
+def _fsdp2_measured(
+    model: nn.Module, options: dict[str, Any], micro_steps: int = 1, keep: bool = False
+) -> Measured:
+    """``model`` sharded (each layer, then the root): the events of the second optimizer
+    step's micro-steps, those before the last with ``set_requires_gradient_sync(False)``
+    (and ``set_reshard_after_backward(False)`` where ``keep``)."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
     mesh = init_device_mesh("cpu", (4,))
     for layer in _layers(model):
@@ -125,9 +135,14 @@ def _fsdp2_measured(model: nn.Module, options: dict[str, Any]) -> Measured:
         for step in range(2):
             if step == 1:
                 log.restart()
-            out = model(input_ids=ids, labels=ids)
-            _loss(out).backward()
-            del out
+            for k in range(micro_steps):
+                last = k == micro_steps - 1
+                cast(FSDPModule, model).set_requires_gradient_sync(last)
+                if keep:
+                    cast(FSDPModule, model).set_reshard_after_backward(last)
+                out = model(input_ids=ids, labels=ids)
+                _loss(out).backward()
+                del out
             for p in model.parameters():
                 p.grad = None
     return cast(Measured, log.measured())
@@ -177,8 +192,12 @@ def test_hf_fully_shard_holds_what_torch_holds_at_every_event(fake_pg: int, case
     same(real, steady(report, 1))
 
 
-def _fsdp1_measured(model: nn.Module, options: dict[str, Any]) -> Measured:
+def _fsdp1_measured(model: nn.Module, options: dict[str, Any], micro_steps: int = 1) -> Measured:
+    """``model`` under FSDP1 (each layer a unit): one optimizer step (its buffers made, its
+    orders recorded), then the events of the next one's micro-steps, those before the last
+    under ``no_sync``."""
     import warnings
+    from contextlib import nullcontext
 
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -188,40 +207,102 @@ def _fsdp1_measured(model: nn.Module, options: dict[str, Any]) -> Measured:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the frozen base mixed with the adapters in a unit
         fsdp = FSDP(model, auto_wrap_policy=policy, device_id=torch.device("cpu"), **options)
-        _loss(fsdp(input_ids=ids, labels=ids)).backward()  # buffers made, orders recorded
+
+    def step(tracker: Any = None) -> None:
+        for k in range(micro_steps):
+            with fsdp.no_sync() if k < micro_steps - 1 else nullcontext():
+                out = fsdp(input_ids=ids, labels=ids)
+                _loss(out).backward()
+                del out
+            if tracker is not None:
+                tracker.reset_mod_stats()  # it follows one iteration at a time
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step()
     fsdp.zero_grad(set_to_none=True)
     with fsdp1_events(fsdp, ids) as log:
-        out = fsdp(input_ids=ids, labels=ids)
-        _loss(out).backward()
-        del out
+        step(log.tracker)
     return cast(Measured, log.measured())
 
 
-# (precision, checkpointed by: see _build)
-FSDP1_CASES: dict[str, tuple[Any, str]] = {
-    "llama-lora-fp32": (None, ""),
-    "llama-lora-bf16-checkpointed": (BF16_FP32, "hf"),
+# (precision, checkpointed by: see _build, micro-steps, the rank it runs as). Under no_sync
+# the post-backward gives each parameter a view of the unsharded gradient by way of an
+# empty_like of its part of the rank's shard, which the plan counts as the rank with the
+# largest part holds it (rank 3's 2,048 elements of a layer; rank 0's: 1,024): these run as
+# rank 3
+FSDP1_CASES: dict[str, tuple[Any, str, int, int]] = {
+    "llama-lora-fp32": (None, "", 1, 0),
+    "llama-lora-bf16-checkpointed": (BF16_FP32, "hf", 1, 0),
+    "llama-lora-fp32-no-sync-2": (None, "", 2, 3),
+    "llama-lora-bf16-no-sync-3": (BF16_FP32, "", 3, 3),
 }
 
 
 @pytest.mark.parametrize("case", list(FSDP1_CASES))
-def test_lora_under_fsdp1_holds_what_torch_holds_at_every_event(fake_pg: int, case: str) -> None:
-    """Each layer a unit of the frozen base and its adapters (``use_orig_params=True``)."""
+def test_lora_under_fsdp1_holds_what_torch_holds_at_every_event(
+    as_rank: Callable[..., None], case: str
+) -> None:
+    """Each layer a unit of the frozen base and its adapters (``use_orig_params=True``);
+    with gradient accumulation, the micro-steps before the last under ``no_sync``."""
     from torch.distributed.fsdp import MixedPrecision
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    assert fake_pg == 4
-    precision, checkpointed = FSDP1_CASES[case]
+    precision, checkpointed, micro_steps, rank = FSDP1_CASES[case]
+    if rank:
+        as_rank(rank, 4)
     options: dict[str, Any] = {"use_orig_params": True}
     if precision is not None:
         param, reduce = precision
         options["mixed_precision"] = MixedPrecision(param_dtype=param, reduce_dtype=reduce)
-    real = _fsdp1_measured(_build("llama-lora", checkpointed), options)
+    real = _fsdp1_measured(_build("llama-lora", checkpointed), options, micro_steps)
     model = _build("llama-lora", checkpointed)
     policy = ModuleWrapPolicy({type(_layers(model)[0])})
     ids = _ids()
     report = fsdpviz.analyze(
         model, {"input_ids": ids, "labels": ids}, auto_wrap_policy=policy, world_size=4,
-        loss=_loss, **options,
+        loss=_loss, grad_accum=micro_steps, **options,
     )  # fmt: skip
-    same(real, steady(report, 1))
+    same(real, steady(report, micro_steps))
+
+
+# (model, precision, checkpointed by: see _build, micro-steps, kept gathered after backward,
+# reshard_after_forward)
+ACCUM_CASES: dict[str, tuple[str, Any, str, int, bool, bool]] = {
+    "llama-fp32-2": ("llama", None, "", 2, False, True),
+    "llama-bf16-3": ("llama", BF16_FP32, "", 3, False, True),
+    "llama-bf16-2-keep": ("llama", BF16_FP32, "", 2, True, True),
+    "llama-fp32-3-keep": ("llama", None, "", 3, True, True),
+    "llama-bf16-2-unresharded": ("llama", BF16_FP32, "", 2, False, False),
+    "llama-fp32-3-keep-unresharded": ("llama", None, "", 3, True, False),
+    "llama-bf16-checkpointed-2-keep": ("llama", BF16_FP32, "hf", 2, True, True),
+    "llama-lora-fp32-2": ("llama-lora", None, "", 2, False, True),
+    "llama-lora-bf16-checkpointed-3": ("llama-lora", BF16_FP32, "hf", 3, False, True),
+    "llama-lora-fp32-2-keep": ("llama-lora", None, "", 2, True, True),
+    "bf16-llama-lora-3-keep-unresharded": ("bf16-llama-lora", None, "", 3, True, False),
+    "qwen2-bf16-2-keep": ("qwen2", BF16_FP32, "", 2, True, True),
+}
+
+
+@pytest.mark.parametrize("case", list(ACCUM_CASES))
+def test_hf_accumulation_holds_what_torch_holds_at_every_event(fake_pg: int, case: str) -> None:
+    """Gradient accumulation: the micro-steps before the last without gradient sync (and
+    kept gathered after backward, as ``analyze``'s ``reshard_after_backward=False`` models
+    it), every event of the second optimizer step's micro-steps."""
+    assert fake_pg == 4
+    name, precision, checkpointed, micro_steps, keep, after_forward = ACCUM_CASES[case]
+    options = _policy(precision)
+    if not after_forward:
+        options["reshard_after_forward"] = False
+    real = _fsdp2_measured(_build(name, checkpointed), options, micro_steps, keep)
+    model = _build(name, checkpointed)
+    block = type(_layers(model)[0])
+    accum: dict[str, Any] = {"grad_accum": micro_steps}
+    if keep:
+        accum["reshard_after_backward"] = False
+    ids = _ids()
+    report = fsdpviz.analyze(
+        model, {"input_ids": ids, "labels": ids}, fully_shard=[block], mesh=(4,), loss=_loss,
+        **options, **accum,
+    )  # fmt: skip
+    same(real, steady(report, micro_steps))
