@@ -87,6 +87,13 @@ def test_accumulation_options_say_what_to_pass() -> None:
         _report(fully_shard=[DecoderLayer], requires_gradient_sync=False)
     with pytest.raises(fsdpviz.ConfigError, match="grad_accum must be a positive int"):
         replay(_report(auto_wrap_policy=POLICY), grad_accum=-1)
+    # FSDP2 kept gathered after every backward: the next step's forward finds the groups
+    # gathered and computes with the parameters from before the optimizer step
+    said = r"micro-steps before the last do.*before the optimizer step\): pass grad_accum=N"
+    with pytest.raises(fsdpviz.ConfigError, match=said):
+        _report(fully_shard=[DecoderLayer], reshard_after_backward=False)
+    with pytest.raises(fsdpviz.ConfigError, match=r"last one\): pass grad_accum=N"):
+        _report(fully_shard=[DecoderLayer], mesh=(2, 32), requires_all_reduce=False)
 
 
 @pytest.mark.parametrize(

@@ -362,10 +362,19 @@ def _accumulating(kwargs: Mapping[str, Any], name: str, grad_accum: int) -> bool
     each, ``True`` before the last)."""
     value = check_switch(name, kwargs.get(name, True))
     if not value and grad_accum < 2:
+        # kept gathered after the last backward too, the next step's forward finds each
+        # group unsharded (FSDPParamGroup.unshard returns at once) and computes with the
+        # parameters from before the optimizer step, which updated only the shards
+        why = (
+            "; kept gathered after the last backward too, the next step's forward would "
+            "compute with the parameters from before the optimizer step"
+            if name == "reshard_after_backward"
+            else ""
+        )
         raise ConfigError(
             f"{name}=False is what the micro-steps before the last do (FSDP2's "
-            f"set_{name}(False), then True for the last one): pass grad_accum=N for N "
-            "micro-steps per optimizer step"
+            f"set_{name}(False), then True for the last one{why}): pass grad_accum=N for "
+            "N micro-steps per optimizer step"
         )
     return value
 
