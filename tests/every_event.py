@@ -33,7 +33,7 @@ from unittest.mock import patch
 
 import torch
 import torch.distributed as dist
-from pipeline_memory import _total, _tracker
+from pipeline_memory import _NoModules, _total, _tracker
 from torch import nn
 
 import fsdpviz
@@ -201,7 +201,11 @@ def fsdp1_events(fsdp: nn.Module, inputs: Any) -> Iterator[EventLog]:
     """While it is open, the events of the FSDP1 model ``fsdp`` (its buffers made: a step
     run before; ``inputs`` held by the caller through the step) go into the log at the
     moments the module's docstring names, its peaks from the opening on. The log's tracker
-    follows one iteration at a time: ``log.tracker.reset_mod_stats()`` after each."""
+    follows no modules: the hooks of torch's ``ModTracker`` keep a module's input that is a
+    leaf requiring grad alive, with its gradient, past the step (peft's
+    ``enable_input_require_grads`` makes the embedding's output one under transformers'
+    checkpointing), bytes torch's own run lets go of; ``log.tracker.reset_mod_stats()``
+    after each iteration is harmless."""
     import warnings
     import weakref
 
@@ -214,6 +218,7 @@ def fsdp1_events(fsdp: nn.Module, inputs: Any) -> Iterator[EventLog]:
     from fsdpviz.recording import FSDP1Recorder
 
     tracker = _Tracker()
+    tracker._mod_tracker = _NoModules()  # see the docstring
     tracker.track_external(fsdp, inputs)
     for module in fsdp.modules():
         if isinstance(module, FSDP) and module._handle is not None:

@@ -236,6 +236,7 @@ FSDP1_CASES: dict[str, tuple[Any, str, int, int]] = {
     "llama-lora-bf16-checkpointed": (BF16_FP32, "hf", 1, 0),
     "llama-lora-fp32-no-sync-2": (None, "", 2, 3),
     "llama-lora-bf16-no-sync-3": (BF16_FP32, "", 3, 3),
+    "llama-lora-bf16-checkpointed-no-sync-2": (BF16_FP32, "hf", 2, 3),
 }
 
 
@@ -281,6 +282,9 @@ ACCUM_CASES: dict[str, tuple[str, Any, str, int, bool, bool]] = {
     "llama-lora-fp32-2-keep": ("llama-lora", None, "", 2, True, True),
     "bf16-llama-lora-3-keep-unresharded": ("bf16-llama-lora", None, "", 3, True, False),
     "qwen2-bf16-2-keep": ("qwen2", BF16_FP32, "", 2, True, True),
+    "qwen2-fp32-checkpointed-3": ("qwen2", None, "hf", 3, False, True),
+    "llama-lora-fp32-checkpoint-wrapper-2-keep": ("llama-lora", None, "wrapper", 2, True, True),
+    "bf16-llama-lora-bf16-checkpointed-2-keep": ("bf16-llama-lora", BF16_FP32, "hf", 2, True, True),
 }
 
 
@@ -295,8 +299,10 @@ def test_hf_accumulation_holds_what_torch_holds_at_every_event(fake_pg: int, cas
     if not after_forward:
         options["reshard_after_forward"] = False
     real = _fsdp2_measured(_build(name, checkpointed), options, micro_steps, keep)
-    model = _build(name, checkpointed)
+    model = _build(name, "" if checkpointed == "wrapper" else checkpointed)
     block = type(_layers(model)[0])
+    if checkpointed == "wrapper":  # fsdpviz checkpoints the blocks of its copy
+        options["activation_checkpointing"] = [block]
     accum: dict[str, Any] = {"grad_accum": micro_steps}
     if keep:
         accum["reshard_after_backward"] = False
