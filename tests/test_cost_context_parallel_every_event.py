@@ -1,8 +1,10 @@
 """Anchor: FSDP2 with context parallelism, the events and the memory at every event against
 real torch on the fake process group's 4 ranks: dp_shard 2 x cp 2 and dp_shard 1 x cp 4,
 FSDP sharding over both (torchtitan's ``dp_shard_cp``), float32 and bf16 (mixed precision),
-with and without full activation checkpointing of the blocks (non-reentrant
-``torch.utils.checkpoint``, whose recomputation runs the ring's forward again in backward).
+with and without activation checkpointing of the blocks: full (non-reentrant
+``torch.utils.checkpoint``, whose recomputation runs the ring's forward again in backward) and
+torchtitan's per-operator selective checkpointing (``create_selective_checkpoint_contexts``,
+whose policy saves attention's output: the recomputation takes it, and runs no ring).
 
 ``tp_models.Llama`` (two blocks, dim 64, causal ``scaled_dot_product_attention``; a small
 feed-forward, so that attention's ring makes each block's forward peak) runs a step inside
@@ -40,6 +42,7 @@ import tp_models
 from every_event import EventLog, fsdp2_events, planned_step
 
 import fsdpviz
+from fsdpviz.schema.checkpointing import SelectiveCheckpoint
 
 SIZES = {"vocab": 64, "dim": 64, "n_heads": 2, "hidden": 16, "layers": 2}
 BATCH, SEQ = 2, 16
@@ -94,11 +97,13 @@ def _ids() -> torch.Tensor:
     return torch.randint(0, SIZES["vocab"], (BATCH, SEQ), generator=g)
 
 
-def _measured(mp: Any, cp: int, checkpointed: bool) -> tuple[Seen, int, list[str]]:
+def _measured(mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str]]:
     """The steady step's events, its peak and the groups of the ring's collectives
-    (``"cp"`` where torch issued one over ``mesh["cp"]``'s group); ``checkpointed``: each
-    block under activation checkpointing."""
+    (``"cp"`` where torch issued one over ``mesh["cp"]``'s group); ``ac``: each block under
+    full activation checkpointing (``"full"``), torchtitan's per-operator selective
+    checkpointing (``"selective"``) or none (``"plain"``)."""
     import torch.distributed._functional_collectives as funcol
+    from test_cost_memtracker import _torchtitan_sac
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.experimental import context_parallel
@@ -106,9 +111,11 @@ def _measured(mp: Any, cp: int, checkpointed: bool) -> tuple[Seen, int, list[str
     mesh = init_device_mesh("cpu", (4 // cp, cp), mesh_dim_names=("dp_shard", "cp"))
     shard_mesh = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
     torch.manual_seed(0)
-    model = tp_models.Llama(**SIZES, checkpointed=checkpointed)
+    model = tp_models.Llama(**SIZES, checkpointed=ac == "full")
     options = {"mp_policy": mp} if mp is not None else {}
     for (name,) in tp_models.LAYERS:
+        if ac == "selective":
+            _torchtitan_sac(model.get_submodule(name))
         fully_shard(model.get_submodule(name), mesh=shard_mesh, **options)
     fully_shard(model, mesh=shard_mesh, **options)
     ids = _ids()
@@ -154,11 +161,13 @@ def _measured(mp: Any, cp: int, checkpointed: bool) -> tuple[Seen, int, list[str
     return seen, peak, groups
 
 
-def _planned(mp: Any, cp: int, checkpointed: bool) -> tuple[Seen, int, list[str]]:
+def _planned(mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str]]:
     """The plan's steady step (as :func:`_measured`'s), its peak, its ring's groups."""
     with torch.device("meta"):
-        model = tp_models.Llama(**SIZES, checkpointed=checkpointed)
+        model = tp_models.Llama(**SIZES, checkpointed=ac == "full")
     options: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
+    if ac == "selective":
+        options["activation_checkpointing"] = SelectiveCheckpoint([tp_models.TransformerBlock])
     report = fsdpviz.analyze(
         model, _ids(), fully_shard=tp_models.LAYERS, mesh=("dp_shard", 4 // cp, "cp", cp),
         loss=_loss, progress=False, **options,
@@ -169,11 +178,11 @@ def _planned(mp: Any, cp: int, checkpointed: bool) -> tuple[Seen, int, list[str]
     return seen, peak, ring
 
 
-@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpointed"])
+@pytest.mark.parametrize("ac", ["plain", "full", "selective"])
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_context_parallel_events_and_memory_at_every_event(
-    fake_pg: int, precision: str, cp: int, checkpointed: bool
+    fake_pg: int, precision: str, cp: int, ac: str
 ) -> None:
     """Every row agrees, both figures, and the peak. Before, with the same events, bytes and
     groups:
@@ -200,15 +209,22 @@ def test_context_parallel_events_and_memory_at_every_event(
       checkpointing the node's saved tensors held them anyway);
     - at bf16 cp 2, each forward's most before its block's reshard 128 B high: torch's
       merger rebinds its names to the merged chunks, so the old log-sum-exp goes before the
-      merged output's buffer is made, where the plan held it until the step's end."""
+      merged output's buffer is made, where the plan held it until the step's end.
+
+    Selective (torchtitan's per-operator policy, which saves attention's output), before:
+    from each block's forward until its recomputation (2,112 B at fp32 cp 2, 3,168 B at fp32
+    cp 4, 1,088 B at bf16 cp 2, 1,632 B at bf16 cp 4 high per block, the peak 2,112 B high at
+    fp32 cp 2): the plan's policy saw each block of the ring as an attention kernel and saved
+    every block's output and log-sum-exp, where torch's sees the one attention kernel
+    DTensor's dispatch runs the whole ring in, and saves its merged output and log-sum-exp."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     assert fake_pg == 4
     mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16" else None
-    real, real_peak, real_groups = _measured(mp, cp, checkpointed)
-    mine, peak, groups = _planned(mp, cp, checkpointed)
+    real, real_peak, real_groups = _measured(mp, cp, ac)
+    mine, peak, groups = _planned(mp, cp, ac)
     assert [e[:2] for e in real] == [e[:2] for e in mine]
-    rings = (2 + cp + checkpointed) * SIZES["layers"]  # a recomputed forward: one all-gather
+    rings = (2 + cp + (ac == "full")) * SIZES["layers"]  # a recomputed forward: one all-gather
     assert real_groups == groups == ["cp"] * rings
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
     assert not differ, (len(mine), differ)

@@ -45,6 +45,12 @@ strides of the keys as saved (a transposed view's, so their ``flatten()`` copies
 first all-to-all); each block's gradients until the next block's are made; the buffer sent
 by an all-to-all until the next is received.
 
+Under a selective activation checkpoint (torchtitan's per-operator policy) the ring is one
+operator to the policy, as in torch, where DTensor's dispatch of the attention kernel runs the
+whole ring below the checkpoint's dispatch mode: the policy saves (or not) the merged output and
+log-sum-exp, and where it saves them the recomputation takes them and runs no ring
+(:func:`~fsdpviz.trace.checkpointing.one_operator`).
+
 The inputs: each tensor of two or more dimensions is cut along dimension 1, the sequence,
 as torchtitan passes its inputs and labels to ``context_parallel`` (:func:`shard_sequence`);
 the traced rank holds ``1 / cp`` of it, in the storage of the whole tensor
@@ -73,7 +79,7 @@ from fsdpviz.plan.fsdp2_group import Group, owner_index
 from fsdpviz.plan.job import JobOptions
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.trace.attention import flash_block, flash_block_backward, ring_attention
-from fsdpviz.trace.checkpointing import attention_saved
+from fsdpviz.trace.checkpointing import attention_saved, one_operator
 from fsdpviz.trace.compiled_saves import partitioning
 from fsdpviz.trace.probe import traced_as_share
 from fsdpviz.trace.tracker import ModuleTracker
@@ -303,45 +309,24 @@ class _RingAttention(torch.autograd.Function):
         key: torch.Tensor,
         value: torch.Tensor,
     ) -> torch.Tensor:
-        # torch's ``_templated_ring_attention`` on rank 0, its names and their lifetimes
-        # kept: each buffer is let go where torch rebinds the name holding it
-        cp = emu.size
-        i, module, now = where  # now: compiled, each collective waited on once issued
-        # a selective checkpoint that saves attention takes the saved output in backward:
-        # its recomputation runs no ring (the kernels, saved, do not run either)
-        quiet = _phase() == "backward" and attention_saved()
-        saved = (query, key, value)  # autograd saves the operator's inputs as given
-        key, value = key.contiguous(), value.contiguous()
-        if value.shape != key.shape:
-            raise ConfigError(
-                f"context parallelism: the attention in {module!r} has keys and values of "
-                "different shapes, which the ring passes on as one buffer"
-            )
-        gathered = cp * 2 * emu.held(key, key.element_size())
-        merger = _Merger()
-        blocks: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for step in range(cp):
-            if step > 0:
-                if step == 1 and not now:
-                    emu.wait(i, "all_gather", quiet)
-                key, value = blocks[step - 1]  # views of the gathered buffer
-            if step < cp - 1:
-                # sent by the all-gather (once), then let go: ``exchange_buffers`` returns None
-                next_kv = torch.cat([key.flatten(), value.flatten()])
-                if step == 0:
-                    emu.issue(i, "cp_all_gather", module, gathered, quiet, now)
-                    blocks = _blocks(next_kv, key, cp)
-                del next_kv
-            # rank 0's latest chunk of queries sees every other rank's keys; ``k`` and ``v``
-            # hold the rank's own (contiguous) keys and values until the next block's
-            q = query if step == 0 else query.chunk(_HALVES, dim=2)[1]
-            k, v = key, value
-            out, lse = flash_block(q, k, v, step == 0, scale)
-            merger.step(out, lse, partial=step > 0)
-        result, result_lse = merger.results()  # while the loop's buffers are held
-        del blocks, key, value, q, k, v, out, lse, merger
         ctx.emu, ctx.where, ctx.scale = emu, where, scale
-        ctx.save_for_backward(*saved, result, result_lse)
+        if where[2]:  # compiled: the region's policy tags the captured graph's nodes
+            # a selective checkpoint that saves attention takes the saved output in
+            # backward: its recomputation issues no collective
+            quiet = _phase() == "backward" and attention_saved()
+            result, result_lse = _ring_forward(emu, where, scale, query, key, value, quiet)
+        else:
+            # to a selective checkpoint the ring is the attention kernel, whose outputs its
+            # policy saves (or not): saved, its recomputation runs nothing
+            with one_operator() as saved:
+                if saved is not None and _phase() == "backward":
+                    result, result_lse = saved.pop(0)
+                else:
+                    result, result_lse = _ring_forward(emu, where, scale, query, key, value)
+                    if saved is not None:
+                        saved.append((result.detach(), result_lse.detach()))
+        # autograd saves the operator's inputs as given, and its outputs
+        ctx.save_for_backward(query, key, value, result, result_lse)
         return result
 
     @staticmethod
@@ -419,3 +404,49 @@ class _RingAttention(torch.autograd.Function):
         final = received.to(query.dtype)
         del received
         return None, None, None, grad_query, final[:n].view(shape), final[n:].view(shape)
+
+
+def _ring_forward(
+    emu: CPEmulation,
+    where: tuple[int, str, bool],
+    scale: float | None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    quiet: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's ``_templated_ring_attention`` on rank 0, its names and their lifetimes kept
+    (each buffer is let go where torch rebinds the name holding it): the merged output and
+    log-sum-exp; ``quiet``: its collectives not issued."""
+    cp = emu.size
+    i, module, now = where  # now: compiled, each collective waited on once issued
+    key, value = key.contiguous(), value.contiguous()
+    if value.shape != key.shape:
+        raise ConfigError(
+            f"context parallelism: the attention in {module!r} has keys and values of "
+            "different shapes, which the ring passes on as one buffer"
+        )
+    gathered = cp * 2 * emu.held(key, key.element_size())
+    merger = _Merger()
+    blocks: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for step in range(cp):
+        if step > 0:
+            if step == 1 and not now:
+                emu.wait(i, "all_gather", quiet)
+            key, value = blocks[step - 1]  # views of the gathered buffer
+        if step < cp - 1:
+            # sent by the all-gather (once), then let go: ``exchange_buffers`` returns None
+            next_kv = torch.cat([key.flatten(), value.flatten()])
+            if step == 0:
+                emu.issue(i, "cp_all_gather", module, gathered, quiet, now)
+                blocks = _blocks(next_kv, key, cp)
+            del next_kv
+        # rank 0's latest chunk of queries sees every other rank's keys; ``k`` and ``v``
+        # hold the rank's own (contiguous) keys and values until the next block's
+        q = query if step == 0 else query.chunk(_HALVES, dim=2)[1]
+        k, v = key, value
+        out, lse = flash_block(q, k, v, step == 0, scale)
+        merger.step(out, lse, partial=step > 0)
+    result, result_lse = merger.results()  # while the loop's buffers are held
+    del blocks, key, value, q, k, v, out, lse, merger
+    return result, result_lse

@@ -200,14 +200,51 @@ def frames_released(listener: Callable[[], None]) -> Iterator[None]:
         _RELEASE_LISTENERS.remove(listener)
 
 
-_SELECTIVE: list[SelectiveCheckpoint] = []  # the selective regions running, innermost last
+@dataclasses.dataclass
+class _SelectiveCall:
+    """One call of a selective region: its option, and what :func:`one_operator` saved of
+    its forward for its recomputation, in order (torch's SAC storage, first in first out)."""
+
+    spec: SelectiveCheckpoint
+    saved: list[tuple[torch.Tensor, ...]] = dataclasses.field(default_factory=list)
+
+
+_SELECTIVE: list[_SelectiveCall] = []  # the selective regions running, innermost last
+_SAC_MODES = ("_CachingTorchDispatchMode", "_CachedTorchDispatchMode")  # forward, recompute
+
+
+@contextmanager
+def one_operator() -> Iterator[list[tuple[torch.Tensor, ...]] | None]:
+    """Run the block inside as the one fused-attention operator the policy of the selective
+    region running sees, as context parallelism's ring runs in torch: DTensor's dispatch of
+    the attention kernel runs the whole ring, below the region's dispatch mode, which asks
+    its policy of the kernel alone and saves (or not) its outputs alone.
+
+    The region's dispatch mode (``_CachingTorchDispatchMode`` in forward,
+    ``_CachedTorchDispatchMode`` in the recomputation) is off meanwhile, so none of the
+    block's operators is saved or counted; where the policy saves fused attention, yields the
+    region's list of saved outputs (the block appends its outputs in forward, and takes them
+    back, first in first out, in the recomputation instead of running again), else None.
+    Outside a selective region, yields None and changes nothing."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
+
+    if not _SELECTIVE:
+        yield None
+        return
+    call = _SELECTIVE[-1]
+    saved = call.saved if _FLASH in call.spec.save_ops else None
+    top = _get_current_dispatch_mode()
+    if type(top).__name__ not in _SAC_MODES:
+        raise AssertionError(f"a selective region's dispatch mode is not the innermost: {top!r}")
+    with _pop_mode_temporarily():
+        yield saved
 
 
 def attention_saved() -> bool:
     """Whether the code running is inside a selective checkpoint that saves fused attention's
     output: its recomputation in backward takes the saved output, not running it again (as
     for context parallelism's ring attention, one operator to the policy)."""
-    return bool(_SELECTIVE) and _FLASH in _SELECTIVE[-1].save_ops
+    return bool(_SELECTIVE) and _FLASH in _SELECTIVE[-1].spec.save_ops
 
 
 _FLASH = _aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -217,9 +254,10 @@ def _selective(
     spec: SelectiveCheckpoint, forward: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> Any:
     counts = {"forward": 0, "recompute": 0}  # matrix multiplies seen, per pass of this call
+    call = _SelectiveCall(spec)
 
     def run(*a: Any, **kw: Any) -> Any:
-        _SELECTIVE.append(spec)
+        _SELECTIVE.append(call)
         try:
             return forward(*a, **kw)
         finally:
