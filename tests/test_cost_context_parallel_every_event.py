@@ -17,6 +17,13 @@ and values, ``permute_tensor`` of their float32 gradients: kind, bytes, and the 
 most since the event before. The plan's steady step holds the same events, in order, the same
 bytes and groups, its memory model the same two figures at each, and the step's peak torch's.
 
+The same for torchtitan's Llama 3 (``fsdpviz.configs.torchtitan_model``): rotary embeddings
+from its ``freqs_cis`` buffer, which ``context_parallel`` cuts along its sequence dimension (0)
+as it cuts the tokens (torchtitan passes it among the buffers), and grouped-query attention, its
+key and value heads repeated per query head before attention (torchtitan's ``repeat_kv``) or
+passed as they are with ``enable_gqa`` (its current models'), where the ring gathers and passes
+on the fewer heads.
+
 On the CPU, ``scaled_dot_product_attention`` runs ``_scaled_dot_product_flash_attention_for_cpu``,
 for which torch's context parallelism has neither a sharding strategy nor a handler
 (``NotImplementedError: Operator aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -38,14 +45,29 @@ from unittest.mock import patch
 
 import pytest
 import torch
+import torch.nn.functional as F
 import tp_models
 from every_event import EventLog, fsdp2_events, planned_step
+from torch import nn
 
 import fsdpviz
+from fsdpviz.configs.torchtitan_model import (
+    Attention,
+    LlamaArgs,
+    Transformer,
+    TransformerBlock,
+    _rotate,
+)
 from fsdpviz.schema.checkpointing import SelectiveCheckpoint
 
 SIZES = {"vocab": 64, "dim": 64, "n_heads": 2, "hidden": 16, "layers": 2}
 BATCH, SEQ = 2, 16
+# torchtitan's Llama 3, small: 4 query heads of 16, 2 key and value heads (each for two query
+# heads: repeated before attention, torchtitan's repeat_kv), a feed-forward of 48
+TORCHTITAN: LlamaArgs = {
+    "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 64,
+    "ffn_dim_multiplier": 0.2, "multiple_of": 16,
+}  # fmt: skip
 Seen = list[tuple[Any, ...]]  # (kind, unit or bytes, bytes in use after it, most since before)
 RING = {"all_gather_single": "cp_all_gather", "permute_tensor": "cp_all_to_all"}
 
@@ -97,13 +119,54 @@ def _ids() -> torch.Tensor:
     return torch.randint(0, SIZES["vocab"], (BATCH, SEQ), generator=g)
 
 
-def _measured(mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str]]:
+def _model(kind: str, ac: str) -> nn.Module:
+    """On the current device: ``"llama"``, :class:`tp_models.Llama` (fully checkpointed by its
+    own ``checkpoint`` calls where ``ac`` is ``"full"``), or ``"torchtitan"``, torchtitan's
+    Llama 3 (rotary embeddings from its ``freqs_cis`` buffer, grouped-query attention)."""
+    if kind == "llama":
+        return tp_models.Llama(**SIZES, checkpointed=ac == "full")
+    model = Transformer(TORCHTITAN, SEQ)
+    if kind == "gqa":
+        for block in model.layers.values():
+            block.attention.__class__ = _GroupedAttention
+    return model
+
+
+class _GroupedAttention(Attention):
+    """torchtitan's grouped-query attention as its current models run it: the key and value
+    heads passed to ``scaled_dot_product_attention`` as they are, with ``enable_gqa``."""
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.n_heads, self.head_dim)
+        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim)
+        q, k = _rotate(q, rope), _rotate(k, rope)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+            enable_gqa=True,
+        )  # fmt: skip
+        result: torch.Tensor = self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return result
+
+
+def _checkpointing(kind: str, ac: str) -> Any:
+    """What ``analyze`` takes for ``ac`` on a ``kind`` model (see :func:`_model`)."""
+    block = tp_models.TransformerBlock if kind == "llama" else TransformerBlock
+    if ac == "selective":
+        return SelectiveCheckpoint([block])
+    return [block] if ac == "full" and kind != "llama" else None
+
+
+def _measured(kind: str, mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str]]:
     """The steady step's events, its peak and the groups of the ring's collectives
-    (``"cp"`` where torch issued one over ``mesh["cp"]``'s group); ``ac``: each block under
-    full activation checkpointing (``"full"``), torchtitan's per-operator selective
-    checkpointing (``"selective"``) or none (``"plain"``)."""
+    (``"cp"`` where torch issued one over ``mesh["cp"]``'s group) of a ``kind`` model (see
+    :func:`_model`); ``ac``: each block under full activation checkpointing (``"full"``),
+    torchtitan's per-operator selective checkpointing (``"selective"``) or none
+    (``"plain"``). torchtitan's model takes its ``freqs_cis`` cut as the tokens are, as
+    torchtitan passes it to ``context_parallel`` (sequence dimension 0)."""
     import torch.distributed._functional_collectives as funcol
-    from test_cost_memtracker import _torchtitan_sac
+    from test_cost_memtracker import _torchtitan_sac, _whole
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.experimental import context_parallel
@@ -111,14 +174,20 @@ def _measured(mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str]]:
     mesh = init_device_mesh("cpu", (4 // cp, cp), mesh_dim_names=("dp_shard", "cp"))
     shard_mesh = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
     torch.manual_seed(0)
-    model = tp_models.Llama(**SIZES, checkpointed=ac == "full")
+    model = _model(kind, ac)
     options = {"mp_policy": mp} if mp is not None else {}
     for (name,) in tp_models.LAYERS:
         if ac == "selective":
             _torchtitan_sac(model.get_submodule(name))
+        elif ac == "full" and kind != "llama":
+            _whole(model.get_submodule(name))
         fully_shard(model.get_submodule(name), mesh=shard_mesh, **options)
     fully_shard(model, mesh=shard_mesh, **options)
     ids = _ids()
+    buffers, dims = [ids], [1]
+    if kind != "llama":
+        buffers.append(model.get_buffer("freqs_cis"))
+        dims.append(0)
     groups: list[str] = []
     cp_group = mesh["cp"].get_group()  # not in the step: slicing a mesh makes a tensor
 
@@ -142,7 +211,7 @@ def _measured(mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str]]:
         stack.enter_context(cpu_ring())
         stack.enter_context(
             context_parallel(
-                mesh["cp"], buffers=[ids], buffer_seq_dims=[1], no_restore_buffers={ids}
+                mesh["cp"], buffers=buffers, buffer_seq_dims=dims, no_restore_buffers={ids}
             )
         )
         log = stack.enter_context(fsdp2_events(model, ids, hsdp=False))
@@ -161,13 +230,13 @@ def _measured(mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str]]:
     return seen, peak, groups
 
 
-def _planned(mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str]]:
+def _planned(kind: str, mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str]]:
     """The plan's steady step (as :func:`_measured`'s), its peak, its ring's groups."""
     with torch.device("meta"):
-        model = tp_models.Llama(**SIZES, checkpointed=ac == "full")
+        model = _model(kind, ac)
     options: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
-    if ac == "selective":
-        options["activation_checkpointing"] = SelectiveCheckpoint([tp_models.TransformerBlock])
+    if _checkpointing(kind, ac) is not None:
+        options["activation_checkpointing"] = _checkpointing(kind, ac)
     report = fsdpviz.analyze(
         model, _ids(), fully_shard=tp_models.LAYERS, mesh=("dp_shard", 4 // cp, "cp", cp),
         loss=_loss, progress=False, **options,
@@ -221,10 +290,34 @@ def test_context_parallel_events_and_memory_at_every_event(
 
     assert fake_pg == 4
     mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16" else None
-    real, real_peak, real_groups = _measured(mp, cp, ac)
-    mine, peak, groups = _planned(mp, cp, ac)
+    real, real_peak, real_groups = _measured("llama", mp, cp, ac)
+    mine, peak, groups = _planned("llama", mp, cp, ac)
     assert [e[:2] for e in real] == [e[:2] for e in mine]
     rings = (2 + cp + (ac == "full")) * SIZES["layers"]  # a recomputed forward: one all-gather
+    assert real_groups == groups == ["cp"] * rings
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
+    assert not differ, (len(mine), differ)
+    assert peak == real_peak
+
+
+@pytest.mark.parametrize("ac", ["plain", "full", "selective"])
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["torchtitan", "gqa"])
+def test_torchtitans_llama_under_context_parallelism_at_every_event(
+    fake_pg: int, kind: str, precision: str, cp: int, ac: str
+) -> None:
+    """torchtitan's Llama 3 (rotary embeddings, its ``freqs_cis`` buffer cut along the
+    sequence by ``context_parallel``; grouped-query attention, keys and values repeated per
+    query head before the ring): every row agrees, both figures, and the peak."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    assert fake_pg == 4
+    mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16" else None
+    real, real_peak, real_groups = _measured(kind, mp, cp, ac)
+    mine, peak, groups = _planned(kind, mp, cp, ac)
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
+    rings = (2 + cp + (ac == "full")) * TORCHTITAN["n_layers"]
     assert real_groups == groups == ["cp"] * rings
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
     assert not differ, (len(mine), differ)
