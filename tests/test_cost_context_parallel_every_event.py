@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 import tp_models
 from every_event import EventLog, fsdp2_events, planned_step
+from gloo_worker import _FUNCOL
 from torch import nn
 
 import fsdpviz
@@ -158,23 +159,31 @@ def _checkpointing(kind: str, ac: str) -> Any:
     return [block] if ac == "full" and kind != "llama" else None
 
 
-def _measured(kind: str, mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str]]:
+def _measured(kind: str, mp: Any, cp: int, ac: str, tp: int = 1) -> tuple[Seen, int, list[str]]:
     """The steady step's events, its peak and the groups of the ring's collectives
     (``"cp"`` where torch issued one over ``mesh["cp"]``'s group) of a ``kind`` model (see
     :func:`_model`); ``ac``: each block under full activation checkpointing (``"full"``),
     torchtitan's per-operator selective checkpointing (``"selective"``) or none
     (``"plain"``). torchtitan's model takes its ``freqs_cis`` cut as the tokens are, as
-    torchtitan passes it to ``context_parallel`` (sequence dimension 0)."""
+    torchtitan passes it to ``context_parallel`` (sequence dimension 0). ``tp`` ranks: the
+    ``"llama"`` model under torchtitan's tensor-parallel plan on a ``dp_shard x cp x tp``
+    mesh, DTensor's collectives over the tp group among the events too (as
+    ``test_cost_tp_every_event`` measures them)."""
     import torch.distributed._functional_collectives as funcol
     from test_cost_memtracker import _torchtitan_sac, _whole
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.parallel import parallelize_module
 
-    mesh = init_device_mesh("cpu", (4 // cp, cp), mesh_dim_names=("dp_shard", "cp"))
+    names = ("dp_shard", "cp", "tp") if tp > 1 else ("dp_shard", "cp")
+    dims = (4 // cp // tp, cp, tp) if tp > 1 else (4 // cp, cp)
+    mesh = init_device_mesh("cpu", dims, mesh_dim_names=names)
     shard_mesh = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
     torch.manual_seed(0)
     model = _model(kind, ac)
+    if tp > 1:
+        parallelize_module(model, mesh["tp"], tp_models.whole_plan())
     options = {"mp_policy": mp} if mp is not None else {}
     for (name,) in tp_models.LAYERS:
         if ac == "selective":
@@ -191,17 +200,27 @@ def _measured(kind: str, mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str
     groups: list[str] = []
     cp_group = mesh["cp"].get_group()  # not in the step: slicing a mesh makes a tensor
 
-    def ring(name: str, log: EventLog) -> Any:
+    inside: list[str] = []  # the collective running
+
+    def collectives(name: str, log: EventLog) -> Any:
         original = getattr(funcol, name)
 
         def collective(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            entry = [RING[name], None, None, None]
+            if inside:  # ``permute_tensor`` runs ``all_to_all_single``: one collective
+                return original(t, *args, **kwargs)
             group = kwargs.get("group", args[-1] if args else None)
-            groups.append("cp" if group is cp_group else repr(group))
+            on_ring = name in RING and group is cp_group
+            if on_ring:  # another group's shows as a tp collective among the events
+                groups.append("cp")
+            entry = [RING[name] if on_ring else _FUNCOL[name], None, None, None]
             log.seen.append(entry)
             log.settle(entry)  # as it is issued: its input made, its output not yet
-            out = original(t, *args, **kwargs)
-            whole = out if name == "all_gather_single" else t
+            inside.append(name)
+            try:
+                out = original(t, *args, **kwargs)
+            finally:
+                inside.pop()
+            whole = out if entry[0] in ("cp_all_gather", "tp_all_gather") else t
             entry[1] = whole.numel() * whole.element_size()
             return out
 
@@ -215,8 +234,8 @@ def _measured(kind: str, mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str
             )
         )
         log = stack.enter_context(fsdp2_events(model, ids, hsdp=False))
-        for name in RING:
-            stack.enter_context(patch.object(funcol, name, ring(name, log)))
+        for name in {**RING, **(_FUNCOL if tp > 1 else {})}:
+            stack.enter_context(patch.object(funcol, name, collectives(name, log)))
         for step in range(2):
             if step == 1:
                 log.restart()
@@ -230,20 +249,24 @@ def _measured(kind: str, mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str
     return seen, peak, groups
 
 
-def _planned(kind: str, mp: Any, cp: int, ac: str) -> tuple[Seen, int, list[str]]:
+def _planned(kind: str, mp: Any, cp: int, ac: str, tp: int = 1) -> tuple[Seen, int, list[str]]:
     """The plan's steady step (as :func:`_measured`'s), its peak, its ring's groups."""
     with torch.device("meta"):
         model = _model(kind, ac)
     options: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
     if _checkpointing(kind, ac) is not None:
         options["activation_checkpointing"] = _checkpointing(kind, ac)
+    mesh: tuple[Any, ...] = ("dp_shard", 4 // cp // tp, "cp", cp)
+    if tp > 1:
+        mesh += ("tp", tp)
+        options["parallelize_plan"] = tp_models.whole_plan()
     report = fsdpviz.analyze(
-        model, _ids(), fully_shard=tp_models.LAYERS, mesh=("dp_shard", 4 // cp, "cp", cp),
-        loss=_loss, progress=False, **options,
+        model, _ids(), fully_shard=tp_models.LAYERS, mesh=mesh, loss=_loss, progress=False,
+        **options,
     )  # fmt: skip
-    seen, peak, events = planned_step(report, lambda e: e.context_parallel)
+    seen, peak, events = planned_step(report, lambda e: e.context_parallel or e.tensor_parallel)
     ring = [str(e.group) for e in events if e.context_parallel]
-    assert report.config.shard_world_size == 4  # FSDP shards over dp_shard x cp
+    assert report.config.shard_world_size == 4 // tp  # FSDP shards over dp_shard x cp
     return seen, peak, ring
 
 
@@ -319,6 +342,37 @@ def test_torchtitans_llama_under_context_parallelism_at_every_event(
     assert [e[:2] for e in real] == [e[:2] for e in mine]
     rings = (2 + cp + (ac == "full")) * TORCHTITAN["n_layers"]
     assert real_groups == groups == ["cp"] * rings
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
+    assert not differ, (len(mine), differ)
+    assert peak == real_peak
+
+
+@pytest.mark.parametrize("ac", ["plain", "full"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_context_and_tensor_parallel_at_every_event(fake_pg: int, precision: str, ac: str) -> None:
+    """dp_shard 1 x cp 2 x tp 2, torchtitan's tensor-parallel plan (sequence parallel): the
+    ring over the cp group on a tp rank's heads of its share of the sequence, DTensor's
+    collectives over the tp group on that share. Every row agrees, both figures, and the
+    peak. Before, with the same events and bytes (a rank holds one of the two heads, so its
+    keys, values and attention output are contiguous whether their heads dimension is moved
+    or not, where the trace's, of both heads, are not):
+
+    - each forward's all-gather 4,096 B high at fp32 (2,048 B at bf16): the plan copied the
+      keys and values contiguous, which torch's ``contiguous()`` leaves as they are;
+    - from each block's attention to its backward 2,048 B high at fp32 plain (1,024 B at
+      bf16): the model's ``reshape`` of the attention's output, moved back, copied it (saved
+      by ``wo``), a view on the rank; the peak 2,048 B high at fp32 plain;
+    - each backward's first all-to-all's most 4,096 B high (fp32): the float32 accumulators'
+      ``flatten()`` copied them, views on the rank."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    assert fake_pg == 4
+    mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16" else None
+    real, real_peak, real_groups = _measured("llama", mp, 2, ac, tp=2)
+    mine, peak, groups = _planned("llama", mp, 2, ac, tp=2)
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
+    assert real_groups == groups == ["cp"] * (4 + (ac == "full")) * SIZES["layers"]
+    assert any(e[0].startswith("tp_") for e in mine)
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
     assert not differ, (len(mine), differ)
     assert peak == real_peak

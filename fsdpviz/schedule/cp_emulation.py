@@ -62,7 +62,11 @@ computes: its heads of its ``S / cp`` positions, the heads the column-parallel q
 value projections leave it. The copy is traced with global shapes, its tp shares counted by the
 cost probe (:class:`~fsdpviz.trace.probe.CostProbe`): the ring's buffers and kernels come out a
 rank's from there, and the bytes of each collective are those of the rank's heads
-(:meth:`CPEmulation.held`).
+(:meth:`CPEmulation.held`). Where a rank holds one head, its keys, values and the ring's results
+are contiguous whichever way their heads dimension is ordered, where the trace's, of all heads,
+are not: the ring's ``contiguous()`` and ``flatten()`` copy nothing there, and its results come
+back laid out as the model gave the inputs, so that moving the heads back copies nothing either
+(:meth:`CPEmulation.one_head`).
 """
 
 from __future__ import annotations
@@ -166,6 +170,40 @@ class CPEmulation:
         heads = t.shape[1]
         local = -(-heads // self.tp) if self.tp > 1 and traced_as_share(t) else heads
         return t.numel() // max(heads, 1) * local * itemsize
+
+    def one_head(self, t: torch.Tensor) -> bool:
+        """Whether the rank holds one of the heads of ``t`` (batch, heads, sequence, head
+        size), laid out densely, which the trace holds whole under tensor parallelism: the
+        rank's tensor is contiguous however its heads dimension is ordered in memory (a
+        dimension of one element takes no part), where the trace's, of all heads, is not."""
+        heads = t.shape[1]
+        one = heads > 1 and self.tp > 1 and -(-heads // self.tp) == 1
+        return one and traced_as_share(t) and _dense(t)
+
+    def contiguous(self, t: torch.Tensor) -> torch.Tensor:
+        """``t.contiguous()`` as the rank runs it: a copy unless the rank's tensor is
+        contiguous (:meth:`as_contiguous`)."""
+        if t.is_contiguous() or not self.one_head(t):
+            return t.contiguous()
+        return self.as_contiguous(t, t)
+
+    def as_contiguous(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """``t``, in ``like``'s shape and strides, as the rank holds it: where the rank holds
+        one head of ``like`` (:meth:`one_head`), the trace's ``t`` in contiguous strides, as
+        the rank's is contiguous (a view of the same bytes: a rank's values are not traced)."""
+        if t.is_contiguous() or not self.one_head(like):
+            return t
+        return t.as_strided(t.shape, _contiguous_strides(t.shape))
+
+    def laid_as(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """``t``, a result of the ring in ``like``'s shape, in ``like``'s strides where the rank
+        holds one head of it (:meth:`one_head`): the rank's result is contiguous whether its
+        heads dimension is moved back or not, so a model's ``transpose`` back and
+        ``reshape`` copy nothing; the trace's, of all heads, is, when laid out as the model
+        gave the input (a view of the same bytes)."""
+        if not self.one_head(like) or t.stride() == like.stride():
+            return t
+        return t.as_strided(like.shape, like.stride())
 
     def _in_compiled(self) -> bool:
         """Whether the attention running now is in a compiled module (by name: activation
@@ -341,12 +379,13 @@ class _RingAttention(torch.autograd.Function):
         saved = ctx.saved_tensors
         query, key, value, out, lse = saved
         # the float32 accumulators take the strides of the tensors as saved (a transposed
-        # view's: their ``flatten()`` below copies), made before the keys are gathered
+        # view's: their ``flatten()`` below copies, unless the rank holds one head), made
+        # before the keys are gathered
         grad_query = torch.zeros_like(query, dtype=torch.float32)
-        grad_key = torch.zeros_like(key, dtype=torch.float32)
-        grad_value = torch.zeros_like(value, dtype=torch.float32)
+        grad_key = emu.as_contiguous(torch.zeros_like(key, dtype=torch.float32), key)
+        grad_value = emu.as_contiguous(torch.zeros_like(value, dtype=torch.float32), value)
         shape, n = key.shape, key.numel()
-        key, value = key.contiguous(), value.contiguous()
+        key, value = emu.contiguous(key), emu.contiguous(value)
         gathered = cp * 2 * emu.held(key, key.element_size())
         passed = 2 * emu.held(key, 4)  # each all-to-all: the rank's float32 buffer
         blocks: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -403,7 +442,15 @@ class _RingAttention(torch.autograd.Function):
         assert received is not None
         final = received.to(query.dtype)
         del received
-        return None, None, None, grad_query, final[:n].view(shape), final[n:].view(shape)
+        _, given_key, given_value, _, _ = saved
+        return (
+            None,
+            None,
+            None,
+            emu.laid_as(grad_query, query),
+            emu.laid_as(final[:n].view(shape), given_key),
+            emu.laid_as(final[n:].view(shape), given_value),
+        )
 
 
 def _ring_forward(
@@ -420,7 +467,8 @@ def _ring_forward(
     log-sum-exp; ``quiet``: its collectives not issued."""
     cp = emu.size
     i, module, now = where  # now: compiled, each collective waited on once issued
-    key, value = key.contiguous(), value.contiguous()
+    given = query
+    key, value = emu.contiguous(key), emu.contiguous(value)
     if value.shape != key.shape:
         raise ConfigError(
             f"context parallelism: the attention in {module!r} has keys and values of "
@@ -449,4 +497,24 @@ def _ring_forward(
         merger.step(out, lse, partial=step > 0)
     result, result_lse = merger.results()  # while the loop's buffers are held
     del blocks, key, value, q, k, v, out, lse, merger
-    return result, result_lse
+    return emu.laid_as(result, given), result_lse
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its extent in some order of its dimensions (no gaps, no
+    overlap): a contiguous tensor with its dimensions permuted."""
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n > 1)
+    expected = 1
+    for stride, n in dims:
+        if stride != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
