@@ -347,7 +347,7 @@ def test_torchtitans_llama_under_context_parallelism_at_every_event(
     assert peak == real_peak
 
 
-@pytest.mark.parametrize("ac", ["plain", "full"])
+@pytest.mark.parametrize("ac", ["plain", "full", "selective"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_context_and_tensor_parallel_at_every_event(fake_pg: int, precision: str, ac: str) -> None:
     """dp_shard 1 x cp 2 x tp 2, torchtitan's tensor-parallel plan (sequence parallel): the
@@ -363,7 +363,12 @@ def test_context_and_tensor_parallel_at_every_event(fake_pg: int, precision: str
       bf16): the model's ``reshape`` of the attention's output, moved back, copied it (saved
       by ``wo``), a view on the rank; the peak 2,048 B high at fp32 plain;
     - each backward's first all-to-all's most 4,096 B high (fp32): the float32 accumulators'
-      ``flatten()`` copied them, views on the rank."""
+      ``flatten()`` copied them, views on the rank.
+
+    Selective, before (with the above fixed): from each row-parallel reduce-scatter (``wo``'s,
+    ``w2``'s) to its block's recomputation 2,048 B low at fp32 (1,024 B at bf16; the peak as
+    low): torchtitan's policy saves ``_c10d_functional.reduce_scatter_tensor``'s output, which
+    the recomputation takes back, where the plan made it again there."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     assert fake_pg == 4

@@ -83,7 +83,7 @@ from fsdpviz.plan.fsdp2_group import Group, owner_index
 from fsdpviz.plan.job import JobOptions
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.trace.attention import flash_block, flash_block_backward, ring_attention
-from fsdpviz.trace.checkpointing import attention_saved, one_operator
+from fsdpviz.trace.checkpointing import FUSED_ATTENTION, attention_saved, one_operator
 from fsdpviz.trace.compiled_saves import partitioning
 from fsdpviz.trace.probe import traced_as_share
 from fsdpviz.trace.tracker import ModuleTracker
@@ -356,7 +356,7 @@ class _RingAttention(torch.autograd.Function):
         else:
             # to a selective checkpoint the ring is the attention kernel, whose outputs its
             # policy saves (or not): saved, its recomputation runs nothing
-            with one_operator() as saved:
+            with one_operator(FUSED_ATTENTION) as saved:
                 if saved is not None and _phase() == "backward":
                     result, result_lse = saved.pop(0)
                 else:
