@@ -226,18 +226,16 @@ def one_operator(op: Any) -> Iterator[list[tuple[torch.Tensor, ...]] | None]:
     block's operators is saved or counted; where the policy saves ``op`` (a save op that is
     not a matrix multiply), yields the region's list of ``op``'s saved outputs (the block
     appends its outputs in forward, and takes them back, first in first out, in the
-    recomputation instead of making them again), else None. Outside a selective region,
-    yields None and changes nothing."""
+    recomputation instead of making them again), else None. Outside a selective region, or
+    where the region's mode is not the innermost (torch's partitioner capturing a compiled
+    region, whose modes are), yields None and changes nothing."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
 
-    if not _SELECTIVE:
+    if not _SELECTIVE or type(_get_current_dispatch_mode()).__name__ not in _SAC_MODES:
         yield None
         return
     call = _SELECTIVE[-1]
     saved = call.saved.setdefault(op, []) if op in call.spec.save_ops else None
-    top = _get_current_dispatch_mode()
-    if type(top).__name__ not in _SAC_MODES:
-        raise AssertionError(f"a selective region's dispatch mode is not the innermost: {top!r}")
     with _pop_mode_temporarily():
         yield saved
 
