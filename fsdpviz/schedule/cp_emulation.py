@@ -45,6 +45,12 @@ strides of the keys as saved (a transposed view's, so their ``flatten()`` copies
 first all-to-all); each block's gradients until the next block's are made; the buffer sent
 by an all-to-all until the next is received.
 
+Under a selective activation checkpoint (torchtitan's per-operator policy) the ring is one
+operator to the policy, as in torch, where DTensor's dispatch of the attention kernel runs the
+whole ring below the checkpoint's dispatch mode: the policy saves (or not) the merged output and
+log-sum-exp, and where it saves them the recomputation takes them and runs no ring
+(:func:`~fsdpviz.trace.checkpointing.one_operator`).
+
 The inputs: each tensor of two or more dimensions is cut along dimension 1, the sequence,
 as torchtitan passes its inputs and labels to ``context_parallel`` (:func:`shard_sequence`);
 the traced rank holds ``1 / cp`` of it, in the storage of the whole tensor
@@ -56,7 +62,11 @@ computes: its heads of its ``S / cp`` positions, the heads the column-parallel q
 value projections leave it. The copy is traced with global shapes, its tp shares counted by the
 cost probe (:class:`~fsdpviz.trace.probe.CostProbe`): the ring's buffers and kernels come out a
 rank's from there, and the bytes of each collective are those of the rank's heads
-(:meth:`CPEmulation.held`).
+(:meth:`CPEmulation.held`). Where a rank holds one head, its keys, values and the ring's results
+are contiguous whichever way their heads dimension is ordered, where the trace's, of all heads,
+are not: the ring's ``contiguous()`` and ``flatten()`` copy nothing there, and its results come
+back laid out as the model gave the inputs, so that moving the heads back copies nothing either
+(:meth:`CPEmulation.one_head`).
 """
 
 from __future__ import annotations
@@ -73,7 +83,7 @@ from fsdpviz.plan.fsdp2_group import Group, owner_index
 from fsdpviz.plan.job import JobOptions
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.trace.attention import flash_block, flash_block_backward, ring_attention
-from fsdpviz.trace.checkpointing import attention_saved
+from fsdpviz.trace.checkpointing import FUSED_ATTENTION, attention_saved, one_operator
 from fsdpviz.trace.compiled_saves import partitioning
 from fsdpviz.trace.probe import traced_as_share
 from fsdpviz.trace.tracker import ModuleTracker
@@ -160,6 +170,40 @@ class CPEmulation:
         heads = t.shape[1]
         local = -(-heads // self.tp) if self.tp > 1 and traced_as_share(t) else heads
         return t.numel() // max(heads, 1) * local * itemsize
+
+    def one_head(self, t: torch.Tensor) -> bool:
+        """Whether the rank holds one of the heads of ``t`` (batch, heads, sequence, head
+        size), laid out densely, which the trace holds whole under tensor parallelism: the
+        rank's tensor is contiguous however its heads dimension is ordered in memory (a
+        dimension of one element takes no part), where the trace's, of all heads, is not."""
+        heads = t.shape[1]
+        one = heads > 1 and self.tp > 1 and -(-heads // self.tp) == 1
+        return one and traced_as_share(t) and _dense(t)
+
+    def contiguous(self, t: torch.Tensor) -> torch.Tensor:
+        """``t.contiguous()`` as the rank runs it: a copy unless the rank's tensor is
+        contiguous (:meth:`as_contiguous`)."""
+        if t.is_contiguous() or not self.one_head(t):
+            return t.contiguous()
+        return self.as_contiguous(t, t)
+
+    def as_contiguous(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """``t``, in ``like``'s shape and strides, as the rank holds it: where the rank holds
+        one head of ``like`` (:meth:`one_head`), the trace's ``t`` in contiguous strides, as
+        the rank's is contiguous (a view of the same bytes: a rank's values are not traced)."""
+        if t.is_contiguous() or not self.one_head(like):
+            return t
+        return t.as_strided(t.shape, _contiguous_strides(t.shape))
+
+    def laid_as(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """``t``, a result of the ring in ``like``'s shape, in ``like``'s strides where the rank
+        holds one head of it (:meth:`one_head`): the rank's result is contiguous whether its
+        heads dimension is moved back or not, so a model's ``transpose`` back and
+        ``reshape`` copy nothing; the trace's, of all heads, is, when laid out as the model
+        gave the input (a view of the same bytes)."""
+        if not self.one_head(like) or t.stride() == like.stride():
+            return t
+        return t.as_strided(like.shape, like.stride())
 
     def _in_compiled(self) -> bool:
         """Whether the attention running now is in a compiled module (by name: activation
@@ -303,45 +347,24 @@ class _RingAttention(torch.autograd.Function):
         key: torch.Tensor,
         value: torch.Tensor,
     ) -> torch.Tensor:
-        # torch's ``_templated_ring_attention`` on rank 0, its names and their lifetimes
-        # kept: each buffer is let go where torch rebinds the name holding it
-        cp = emu.size
-        i, module, now = where  # now: compiled, each collective waited on once issued
-        # a selective checkpoint that saves attention takes the saved output in backward:
-        # its recomputation runs no ring (the kernels, saved, do not run either)
-        quiet = _phase() == "backward" and attention_saved()
-        saved = (query, key, value)  # autograd saves the operator's inputs as given
-        key, value = key.contiguous(), value.contiguous()
-        if value.shape != key.shape:
-            raise ConfigError(
-                f"context parallelism: the attention in {module!r} has keys and values of "
-                "different shapes, which the ring passes on as one buffer"
-            )
-        gathered = cp * 2 * emu.held(key, key.element_size())
-        merger = _Merger()
-        blocks: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for step in range(cp):
-            if step > 0:
-                if step == 1 and not now:
-                    emu.wait(i, "all_gather", quiet)
-                key, value = blocks[step - 1]  # views of the gathered buffer
-            if step < cp - 1:
-                # sent by the all-gather (once), then let go: ``exchange_buffers`` returns None
-                next_kv = torch.cat([key.flatten(), value.flatten()])
-                if step == 0:
-                    emu.issue(i, "cp_all_gather", module, gathered, quiet, now)
-                    blocks = _blocks(next_kv, key, cp)
-                del next_kv
-            # rank 0's latest chunk of queries sees every other rank's keys; ``k`` and ``v``
-            # hold the rank's own (contiguous) keys and values until the next block's
-            q = query if step == 0 else query.chunk(_HALVES, dim=2)[1]
-            k, v = key, value
-            out, lse = flash_block(q, k, v, step == 0, scale)
-            merger.step(out, lse, partial=step > 0)
-        result, result_lse = merger.results()  # while the loop's buffers are held
-        del blocks, key, value, q, k, v, out, lse, merger
         ctx.emu, ctx.where, ctx.scale = emu, where, scale
-        ctx.save_for_backward(*saved, result, result_lse)
+        if where[2]:  # compiled: the region's policy tags the captured graph's nodes
+            # a selective checkpoint that saves attention takes the saved output in
+            # backward: its recomputation issues no collective
+            quiet = _phase() == "backward" and attention_saved()
+            result, result_lse = _ring_forward(emu, where, scale, query, key, value, quiet)
+        else:
+            # to a selective checkpoint the ring is the attention kernel, whose outputs its
+            # policy saves (or not): saved, its recomputation runs nothing
+            with one_operator(FUSED_ATTENTION) as saved:
+                if saved is not None and _phase() == "backward":
+                    result, result_lse = saved.pop(0)
+                else:
+                    result, result_lse = _ring_forward(emu, where, scale, query, key, value)
+                    if saved is not None:
+                        saved.append((result.detach(), result_lse.detach()))
+        # autograd saves the operator's inputs as given, and its outputs
+        ctx.save_for_backward(query, key, value, result, result_lse)
         return result
 
     @staticmethod
@@ -356,12 +379,13 @@ class _RingAttention(torch.autograd.Function):
         saved = ctx.saved_tensors
         query, key, value, out, lse = saved
         # the float32 accumulators take the strides of the tensors as saved (a transposed
-        # view's: their ``flatten()`` below copies), made before the keys are gathered
+        # view's: their ``flatten()`` below copies, unless the rank holds one head), made
+        # before the keys are gathered
         grad_query = torch.zeros_like(query, dtype=torch.float32)
-        grad_key = torch.zeros_like(key, dtype=torch.float32)
-        grad_value = torch.zeros_like(value, dtype=torch.float32)
+        grad_key = emu.as_contiguous(torch.zeros_like(key, dtype=torch.float32), key)
+        grad_value = emu.as_contiguous(torch.zeros_like(value, dtype=torch.float32), value)
         shape, n = key.shape, key.numel()
-        key, value = key.contiguous(), value.contiguous()
+        key, value = emu.contiguous(key), emu.contiguous(value)
         gathered = cp * 2 * emu.held(key, key.element_size())
         passed = 2 * emu.held(key, 4)  # each all-to-all: the rank's float32 buffer
         blocks: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -418,4 +442,79 @@ class _RingAttention(torch.autograd.Function):
         assert received is not None
         final = received.to(query.dtype)
         del received
-        return None, None, None, grad_query, final[:n].view(shape), final[n:].view(shape)
+        _, given_key, given_value, _, _ = saved
+        return (
+            None,
+            None,
+            None,
+            emu.laid_as(grad_query, query),
+            emu.laid_as(final[:n].view(shape), given_key),
+            emu.laid_as(final[n:].view(shape), given_value),
+        )
+
+
+def _ring_forward(
+    emu: CPEmulation,
+    where: tuple[int, str, bool],
+    scale: float | None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    quiet: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's ``_templated_ring_attention`` on rank 0, its names and their lifetimes kept
+    (each buffer is let go where torch rebinds the name holding it): the merged output and
+    log-sum-exp; ``quiet``: its collectives not issued."""
+    cp = emu.size
+    i, module, now = where  # now: compiled, each collective waited on once issued
+    given = query
+    key, value = emu.contiguous(key), emu.contiguous(value)
+    if value.shape != key.shape:
+        raise ConfigError(
+            f"context parallelism: the attention in {module!r} has keys and values of "
+            "different shapes, which the ring passes on as one buffer"
+        )
+    gathered = cp * 2 * emu.held(key, key.element_size())
+    merger = _Merger()
+    blocks: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for step in range(cp):
+        if step > 0:
+            if step == 1 and not now:
+                emu.wait(i, "all_gather", quiet)
+            key, value = blocks[step - 1]  # views of the gathered buffer
+        if step < cp - 1:
+            # sent by the all-gather (once), then let go: ``exchange_buffers`` returns None
+            next_kv = torch.cat([key.flatten(), value.flatten()])
+            if step == 0:
+                emu.issue(i, "cp_all_gather", module, gathered, quiet, now)
+                blocks = _blocks(next_kv, key, cp)
+            del next_kv
+        # rank 0's latest chunk of queries sees every other rank's keys; ``k`` and ``v``
+        # hold the rank's own (contiguous) keys and values until the next block's
+        q = query if step == 0 else query.chunk(_HALVES, dim=2)[1]
+        k, v = key, value
+        out, lse = flash_block(q, k, v, step == 0, scale)
+        merger.step(out, lse, partial=step > 0)
+    result, result_lse = merger.results()  # while the loop's buffers are held
+    del blocks, key, value, q, k, v, out, lse, merger
+    return emu.laid_as(result, given), result_lse
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its extent in some order of its dimensions (no gaps, no
+    overlap): a contiguous tensor with its dimensions permuted."""
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n > 1)
+    expected = 1
+    for stride, n in dims:
+        if stride != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))

@@ -4,8 +4,9 @@ divide padded to chunks as large as the first (:func:`padded_bytes`, :func:`gath
 :func:`scattered_padded`), an all-to-all's buffers as a GPU's kernel makes them
 (:func:`all_to_all_buffers`), the share a rank holds (:func:`share_of`), when an
 all-gather's result is a view of its buffer (:func:`viewable`), each collective reported as
-DTensor issues it, after the buffers it makes before (:func:`issuing_buffer`), and a row-wise
-embedding's masked indices and mask (:func:`masked_ids`)."""
+DTensor issues it, after the buffers it makes before (:func:`issuing_buffer`), a row-wise
+embedding's masked indices and mask (:func:`masked_ids`), and a reduce-scatter's output saved
+by a selective checkpoint's policy (:func:`reduced_output`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 from fsdpviz.plan.tensor_parallel import REPLICATE, Layout, same_layout
 from fsdpviz.schedule.tp_flow import Copy
 from fsdpviz.schedule.tp_refusals import chunks
+from fsdpviz.trace.checkpointing import one_operator, recomputing_selective
 from fsdpviz.trace.probe import CostProbe
 from fsdpviz.trace.probe_records import dim_share
 
@@ -27,6 +29,7 @@ Issue = Callable[[], None] | None  # a collective reported as DTensor issues it
 # Collectives whose result is a new buffer on each rank (an all-reduce: its functional
 # collective reduces a clone of its input, ``_c10d_functional.all_reduce``).
 _NEW_BUFFER = {"tp_all_gather", "tp_reduce_scatter", "tp_all_to_all", "tp_all_reduce"}
+_REDUCE_SCATTER = torch.ops._c10d_functional.reduce_scatter_tensor.default
 
 __all__ = [
     "all_to_all_buffers",
@@ -35,6 +38,7 @@ __all__ = [
     "masked_ids",
     "padded_bytes",
     "padded_shape",
+    "reduced_output",
     "scattered_padded",
     "share_of",
     "uneven",
@@ -120,7 +124,7 @@ def scattered_padded(
         if d != 0:
             held.append(t.new_empty(padded))  # _chunk_or_narrow_cat onto dim 0
     with probe.redistributed(share_of(t, dst, tp)):
-        return t.clone()
+        return reduced_output(t.clone)
 
 
 def padded_bytes(
@@ -241,9 +245,25 @@ def collective_buffer(
         with probe.redistributed(None):
             whole = t.clone() if copied else t
         with probe.redistributed(share_of(t, dst, tp)):
-            return whole.clone()
+            return (
+                reduced_output(whole.clone) if collective == "tp_reduce_scatter" else whole.clone()
+            )
 
     return make
+
+
+def reduced_output(make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """A reduce-scatter's output, which ``make`` makes: under a selective checkpoint whose
+    policy saves ``_c10d_functional.reduce_scatter_tensor`` (torchtitan's does), saved in
+    forward and taken back in the recomputation, which makes none (what DTensor makes
+    before the collective it makes again)."""
+    with one_operator(_REDUCE_SCATTER) as saved:
+        if saved is not None and recomputing_selective():
+            return saved.pop(0)[0]
+        out = make()
+        if saved is not None:
+            saved.append((out.detach(),))
+        return out
 
 
 def issuing_buffer(

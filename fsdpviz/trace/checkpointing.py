@@ -200,26 +200,69 @@ def frames_released(listener: Callable[[], None]) -> Iterator[None]:
         _RELEASE_LISTENERS.remove(listener)
 
 
-_SELECTIVE: list[SelectiveCheckpoint] = []  # the selective regions running, innermost last
+@dataclasses.dataclass
+class _SelectiveCall:
+    """One call of a selective region: its option, and what :func:`one_operator` saved of
+    its forward for its recomputation, per operator in order (torch's SAC storage)."""
+
+    spec: SelectiveCheckpoint
+    saved: dict[Any, list[tuple[torch.Tensor, ...]]] = dataclasses.field(default_factory=dict)
+
+
+_SELECTIVE: list[_SelectiveCall] = []  # the selective regions running, innermost last
+_SAC_MODES = ("_CachingTorchDispatchMode", "_CachedTorchDispatchMode")  # forward, recompute
+
+
+@contextmanager
+def one_operator(op: Any) -> Iterator[list[tuple[torch.Tensor, ...]] | None]:
+    """Run the block inside as the one operator ``op`` to the policy of the selective region
+    running, as torch runs what the trace emulates of it: context parallelism's ring inside
+    DTensor's dispatch of the fused-attention kernel, a tensor-parallel reduce-scatter's
+    buffer inside ``_c10d_functional.reduce_scatter_tensor``. The region's dispatch mode asks
+    its policy of ``op`` alone and saves (or not) its outputs alone.
+
+    The region's dispatch mode (``_CachingTorchDispatchMode`` in forward,
+    ``_CachedTorchDispatchMode`` in the recomputation) is off meanwhile, so none of the
+    block's operators is saved or counted; where the policy saves ``op`` (a save op that is
+    not a matrix multiply), yields the region's list of ``op``'s saved outputs (the block
+    appends its outputs in forward, and takes them back, first in first out, in the
+    recomputation instead of making them again), else None. Outside a selective region, or
+    where the region's mode is not the innermost (torch's partitioner capturing a compiled
+    region, whose modes are), yields None and changes nothing."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
+
+    if not _SELECTIVE or type(_get_current_dispatch_mode()).__name__ not in _SAC_MODES:
+        yield None
+        return
+    call = _SELECTIVE[-1]
+    saved = call.saved.setdefault(op, []) if op in call.spec.save_ops else None
+    with _pop_mode_temporarily():
+        yield saved
+
+
+def recomputing_selective() -> bool:
+    """Whether a selective region runs its recomputation (autograd runs a graph)."""
+    return bool(_SELECTIVE) and torch._C._current_graph_task_id() != -1
 
 
 def attention_saved() -> bool:
     """Whether the code running is inside a selective checkpoint that saves fused attention's
     output: its recomputation in backward takes the saved output, not running it again (as
     for context parallelism's ring attention, one operator to the policy)."""
-    return bool(_SELECTIVE) and _FLASH in _SELECTIVE[-1].save_ops
+    return bool(_SELECTIVE) and FUSED_ATTENTION in _SELECTIVE[-1].spec.save_ops
 
 
-_FLASH = _aten._scaled_dot_product_flash_attention_for_cpu.default
+FUSED_ATTENTION = _aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
 def _selective(
     spec: SelectiveCheckpoint, forward: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> Any:
     counts = {"forward": 0, "recompute": 0}  # matrix multiplies seen, per pass of this call
+    call = _SelectiveCall(spec)
 
     def run(*a: Any, **kw: Any) -> Any:
-        _SELECTIVE.append(spec)
+        _SELECTIVE.append(call)
         try:
             return forward(*a, **kw)
         finally:
