@@ -678,6 +678,7 @@ _NESTED_VARIANTS: dict[str, tuple[dict[str, Any], Switch, int]] = {
     "bf16-accum-kept-gathered": ({"mp_policy": _policy(BF16)}, _sync_kept_gathered, 2),
     "resharding-to-two-accum": ({"reshard_after_forward": 2}, _sync, 2),
     "kept-after-forward-accum": ({"reshard_after_forward": False}, _sync, 2),
+    "hsdp-fp32": ({}, _each_step, 1),  # on a 2 x 2 mesh
 }
 _FEWER = ("fp32", "bf16-fp32-accum")  # where one of the two is left sharded in backward
 
@@ -710,7 +711,8 @@ def _nested_setups() -> dict[str, Setup]:
                         kept = switch is _sync_kept_gathered
                         shard, kwargs = _nested(inner, outer, off, options, kept)
                         name = f"{region}-{index}-in-{where}-{which}-off-{variant}"
-                        out[name] = Setup((4,), shard, kwargs, switch, steps, prepare=prepare)
+                        mesh = (2, 2) if variant.startswith("hsdp") else (4,)
+                        out[name] = Setup(mesh, shard, kwargs, switch, steps, prepare=prepare)
     return out
 
 
