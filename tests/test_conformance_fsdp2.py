@@ -296,6 +296,9 @@ def test_a_checkpoint_wrapped_model_and_its_recording_name_each_unit_alike(fake_
     names = ["", "blocks.0", "blocks.1", "blocks.2", "blocks.3"]
     assert [u.module for u in predicted.units] == [u.module for u in real.units] == names
     assert [u.module for u in applied[0].units] == names
+    inner = "blocks.0._checkpoint_wrapped_module"  # the module's own FQN finds its unit too
+    assert predicted.unit(inner) is predicted.unit("blocks.0")
+    assert real.unit(inner) is real.unit("blocks.0")
     assert predicted.forward_order == real.forward_order == names
     for p_it, r_it in zip(predicted.iterations, real.iterations, strict=False):
         assert [e.to_dict() for e in p_it] == [e.to_dict() for e in r_it]
