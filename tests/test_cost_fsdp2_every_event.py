@@ -21,9 +21,7 @@ called on its second module), and on the embedding and the head in one call kept
 after forward (its pre-backward finds them gathered: no all-gather either way); the
 embedding with the setter under activation checkpointing, alone (its recompute stops before
 the lookup) and with a norm after it in one checkpointed region (its recompute, before the
-group's pre-backward, all-gathers it); and two calls one inside the other in one
-checkpointed region (``NESTED``: the outer the region or its wrapper, the setter on the
-inner, the outer or both). The
+group's pre-backward, all-gathers it). The
 moments, and the two figures compared at each event (the bytes in use, the most since the
 event before), are those of
 ``test_cost_hybrid_every_event.py``; on a 1-D mesh, and on HSDP's micro-steps that do not
@@ -428,25 +426,6 @@ def _normed_embedding(**kwargs: Any) -> Callable[[ExampleModel], dict[str, Any]]
     }
 
 
-class Shifted(nn.Module):
-    """A learned shift added to its input: its backward reads no parameter."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.shift = nn.Parameter(torch.zeros(hidden))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.shift
-
-
-def _checkpoint_shifted_embedding(model: ExampleModel) -> None:
-    """The embedding followed by a learned shift, the two under one ``checkpoint_wrapper``."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-    shifted = nn.Sequential(model.embed_tokens, Shifted(model.config.hidden_size))
-    model.embed_tokens = cast(Any, checkpoint_wrapper(shifted))
-
-
 def _sync_kept_gathered(model: ExampleModel, last: bool) -> None:
     model.set_requires_gradient_sync(last)
     model.set_reshard_after_backward(last)
@@ -634,96 +613,6 @@ def _holds_what_torch_holds(as_rank: Callable[..., None], setup: Setup) -> None:
     # (a call on a module inside a checkpoint wrapper: its unit named without the wrapper's
     # segment, by the plan as by the recorder)
     same(real, steady(report, setup.micro_steps))
-
-
-WRAPPED = "embed_tokens._checkpoint_wrapped_module"  # the region a checkpoint recomputes
-
-
-def _nested(
-    inner: str, outer: str, off: tuple[str, ...], options: dict[str, Any], kept_gathered: bool
-) -> tuple[Shard, Callable[[ExampleModel], dict[str, Any]]]:
-    """``inner`` (a module of the checkpointed region) in a call of its own inside
-    ``outer``'s call (the region, or the wrapper around it), each layer, then the root,
-    ``options`` each; ``set_unshard_in_backward(False)`` on those of the two in ``off``
-    (``kept_gathered``: kept unsharded after the backward of micro-steps that do not
-    sync): the real calls, and ``analyze``'s keywords for the same."""
-    from torch.distributed.fsdp import fully_shard
-
-    def shard(model: ExampleModel, mesh: DeviceMesh) -> None:
-        fully_shard(model.get_submodule(inner), mesh=mesh, **options)
-        fully_shard(model.get_submodule(outer), mesh=mesh, **options)
-        for name in off:
-            cast(Any, model.get_submodule(name)).set_unshard_in_backward(False)
-        _layers_and_root(**options)(model, mesh)
-
-    def kwargs(model: ExampleModel) -> dict[str, Any]:
-        every = [inner, outer, "layers.0", "layers.1", ""]
-        raf = options.get("reshard_after_forward")
-        return {
-            "fully_shard": [inner, outer, DecoderLayer],
-            "unshard_in_backward": dict.fromkeys(off, False),
-            **({"mp_policy": options["mp_policy"]} if "mp_policy" in options else {}),
-            **({"reshard_after_forward": dict.fromkeys(every, raf)} if raf is not None else {}),
-            **({"reshard_after_backward": False} if kept_gathered else {}),
-        }
-
-    return shard, kwargs
-
-
-# options on every call, a switch before each micro-step, the micro-steps; a bf16 LayerNorm
-# is left out (the CPU kernel keeps its mean and rstd in bf16, CUDA and meta in float32)
-_NESTED_VARIANTS: dict[str, tuple[dict[str, Any], Switch, int]] = {
-    "fp32": ({}, _each_step, 1),
-    "bf16-fp32-accum": ({"mp_policy": _policy(BF16_FP32)}, _sync, 2),
-    "bf16-accum-kept-gathered": ({"mp_policy": _policy(BF16)}, _sync_kept_gathered, 2),
-    "resharding-to-two-accum": ({"reshard_after_forward": 2}, _sync, 2),
-    "kept-after-forward-accum": ({"reshard_after_forward": False}, _sync, 2),
-    "hsdp-fp32": ({}, _each_step, 1),  # on a 2 x 2 mesh
-}
-_FEWER = ("fp32", "bf16-fp32-accum")  # where one of the two is left sharded in backward
-
-
-def _nested_setups() -> dict[str, Setup]:
-    """Two calls, one inside the other, in one checkpointed region (the outer the region,
-    or the checkpoint wrapper around it: its forward outside the recompute), with
-    ``set_unshard_in_backward(False)`` on the inner, the outer or both: the embedding
-    inside a call with the norm after it (whose backward reads its weight: the region's
-    recompute runs before the embedding's pre-backward), or with a learned shift after it
-    (whose backward reads no parameter), or the shift inside a call with the embedding."""
-    regions = {
-        "normed": (_checkpoint_normed_embedding, (0,), ("inner",)),
-        "shifted": (_checkpoint_shifted_embedding, (0, 1), ("inner", "outer", "both")),
-    }
-    out: dict[str, Setup] = {}
-    for region, (prepare, inners, offs) in regions.items():
-        for index in inners:
-            inner = f"{WRAPPED}.{index}"
-            for outer, where in ((WRAPPED, "region"), ("embed_tokens", "wrapper")):
-                for which in offs:
-                    off = {"inner": (inner,), "outer": (outer,), "both": (inner, outer)}[which]
-                    for variant, (options, switch, steps) in _NESTED_VARIANTS.items():
-                        if region == "normed" and "bf16" in variant:
-                            continue
-                        if (index == 1 and variant != "fp32") or (
-                            region == "shifted" and which != "both" and variant not in _FEWER
-                        ):
-                            continue
-                        kept = switch is _sync_kept_gathered
-                        shard, kwargs = _nested(inner, outer, off, options, kept)
-                        name = f"{region}-{index}-in-{where}-{which}-off-{variant}"
-                        mesh = (2, 2) if variant.startswith("hsdp") else (4,)
-                        out[name] = Setup(mesh, shard, kwargs, switch, steps, prepare=prepare)
-    return out
-
-
-NESTED = _nested_setups()
-
-
-@pytest.mark.parametrize("case", list(NESTED))
-def test_nested_calls_in_one_recomputed_region_hold_what_torch_holds_at_every_event(
-    as_rank: Callable[..., None], case: str
-) -> None:
-    _holds_what_torch_holds(as_rank, NESTED[case])
 
 
 def test_grouped_call_whose_head_reads_its_weight_not_unsharded_is_refused(fake_pg: int) -> None:
