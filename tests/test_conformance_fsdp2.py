@@ -272,3 +272,65 @@ def test_blocks_wrapped_for_activation_checkpointing(fake_pg: int) -> None:
     assert_same_schedule(real, predicted)
     assert real.unit("blocks.0").params[:2] == ["blocks.0.ln.weight", "blocks.0.ln.bias"]
     assert real.unit("blocks.0").module_class == "Block"
+
+
+def test_a_checkpoint_wrapped_model_and_its_recording_name_each_unit_alike(fake_pg: int) -> None:
+    """A model whose blocks ``apply_activation_checkpointing`` wrapped, planned as it is
+    (``fully_shard`` on the block inside each wrapper, ``blocks.0._checkpoint_wrapped_module``,
+    and on the last wrapper itself), recorded, and planned once sharded: each unit has one
+    name, the block's without the wrapper's segment, in the units, the forward order and
+    every event, and ``compare`` pairs each unit with itself under that name."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+
+    torch.manual_seed(0)
+    model = hm.Stack()
+    apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, hm.Block))
+    calls = [(f"blocks.{i}._checkpoint_wrapped_module",) for i in range(3)] + [("blocks.3",)]
+    applied: list[fsdpviz.Report] = []  # the plan of the model fully_shard was applied to
+    real = record_real_fsdp2(
+        model, _x(), calls, fake_pg, after=lambda m: applied.append(fsdpviz.analyze(m, _x()))
+    )
+    predicted = fsdpviz.analyze(model, _x(), fully_shard=calls, world_size=fake_pg)
+    names = ["", "blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+    assert [u.module for u in predicted.units] == [u.module for u in real.units] == names
+    assert [u.module for u in applied[0].units] == names
+    inner = "blocks.0._checkpoint_wrapped_module"  # the module's own FQN finds its unit too
+    assert predicted.unit(inner) is predicted.unit("blocks.0")
+    assert real.unit(inner) is real.unit("blocks.0")
+    assert predicted.forward_order == real.forward_order == names
+    for p_it, r_it in zip(predicted.iterations, real.iterations, strict=False):
+        assert [e.to_dict() for e in p_it] == [e.to_dict() for e in r_it]
+    cmp = fsdpviz.compare(predicted, real)
+    assert [(p.a, p.b) for p in cmp.pairs] == [(n, n) for n in names]
+    assert cmp.same_wrapping and cmp.moved_params == {}
+    # the options name a unit by its call's module or by the name it is shown under
+    raf = {"blocks.0": False, "blocks.1._checkpoint_wrapped_module": False}
+    kept = fsdpviz.analyze(model, _x(), fully_shard=calls, world_size=fake_pg,
+                           reshard_after_forward=raf)  # fmt: skip
+    assert kept.config.reshard_after_forward == {"": False, "blocks.0": False,
+        "blocks.1": False, "blocks.2": True, "blocks.3": True}  # fmt: skip
+
+
+def test_calls_on_a_checkpoint_wrapper_and_its_block_keep_the_wrappers_segment(
+    fake_pg: int,
+) -> None:
+    """``fully_shard`` on a block inside its checkpoint wrapper and on the wrapper too: the
+    two calls would share the block's name without the segment, so both keep theirs, in the
+    plan and in the recording alike (the wrapper's call holds no parameter: no unit)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+
+    torch.manual_seed(0)
+    model = hm.Stack()
+    apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, hm.Block))
+    calls = [("blocks.0._checkpoint_wrapped_module",), ("blocks.0",), ("blocks.1",)]
+    real = record_real_fsdp2(model, _x(), calls, fake_pg)
+    predicted = fsdpviz.analyze(model, _x(), fully_shard=calls, world_size=fake_pg)
+    names = ["", "blocks.0._checkpoint_wrapped_module", "blocks.1"]  # blocks.0 holds none
+    assert [u.module for u in predicted.units] == [u.module for u in real.units] == names
+    assert predicted.forward_order == real.forward_order
+    for p_it, r_it in zip(predicted.iterations, real.iterations, strict=False):
+        assert [e.to_dict() for e in p_it] == [e.to_dict() for e in r_it]

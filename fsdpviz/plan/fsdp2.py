@@ -35,6 +35,7 @@ from fsdpviz.plan.fsdp2_shards import (
 )
 from fsdpviz.plan.job import JobOptions
 from fsdpviz.plan.option_specs import RESHARD
+from fsdpviz.schema.names import group_names
 from fsdpviz.schema.report import dtype_name, unit_label
 
 
@@ -260,6 +261,9 @@ def _claims(
             claimed[p] = claim.name
         sharded.update(members)
         out.append(claim)
+    # each unit named without the wrapper segments, as a recording names it
+    for claim, name in zip(out, group_names([c.name.split(", ") for c in out]), strict=True):
+        claim.name = name
     return out
 
 

@@ -29,6 +29,7 @@ from fsdpviz.plan.job import parse_job_options
 from fsdpviz.plan.tensor_parallel import plan_from_hooks, tp_hooks
 from fsdpviz.plan.torch_fsdp import installed
 from fsdpviz.schema.mesh import ParallelDims
+from fsdpviz.schema.names import group_names
 
 
 def fsdp2_states(model: nn.Module) -> list[Any]:
@@ -155,9 +156,8 @@ def plan_from_fully_sharded(
         _check_modelled(state, ", ".join(n for m, n in names.items() if m in set(state._modules)))
     state_name: dict[int, str] = {}
     groups: list[Group] = []
-    for state in states:
-        fqns = tuple(n for m, n in names.items() if m in set(state._modules))
-        name = ", ".join(fqns)
+    calls = [tuple(n for m, n in names.items() if m in set(s._modules)) for s in states]
+    for state, fqns, name in zip(states, calls, group_names(calls), strict=True):
         state_name[id(state)] = fqns[0]
         group = Group(name=name, modules=tuple(dup_modules[f] for f in fqns), fqns=fqns)
         pg = state._fsdp_param_group

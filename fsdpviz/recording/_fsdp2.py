@@ -46,7 +46,7 @@ from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.recording._events import EventLog, now_ns, patch, recording_config
 from fsdpviz.recording._modules import unwrapped_class
 from fsdpviz.schema.events import Event, Hook
-from fsdpviz.schema.names import unwrapped_fqn
+from fsdpviz.schema.names import group_names, unwrapped_fqn
 from fsdpviz.schema.report import Report, Unit, dtype_name
 
 P = ParamSpec("P")
@@ -96,9 +96,10 @@ class FSDP2Recorder(EventLog):
         self._state_names: dict[int, str] = {}
         self._group_names: dict[int, str] = {}
         for part in self.parts:
-            names = {m: unwrapped_fqn(n) for n, m in part.named_modules()}
-            for state in fsdp2_states(part):
-                name = ", ".join(n for m, n in names.items() if m in set(state._modules))
+            names = {m: n for n, m in part.named_modules()}
+            states = list(fsdp2_states(part))
+            calls = [[n for m, n in names.items() if m in set(s._modules)] for s in states]
+            for state, name in zip(states, group_names(calls), strict=True):
                 self._state_names[id(state)] = name
                 if state._fsdp_param_group is not None:
                     self._group_names[id(state._fsdp_param_group)] = name

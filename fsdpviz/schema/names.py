@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import SupportsIndex, overload
 
@@ -12,8 +13,23 @@ WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_modul
 
 def unwrapped_fqn(fqn: str) -> str:
     """``fqn`` without wrapper segments (``layers.0._checkpoint_wrapped_module.mlp`` ->
-    ``layers.0.mlp``): the name the plan gives it."""
+    ``layers.0.mlp``): the name a recording gives a parameter, and compare matches by."""
     return ".".join(s for s in fqn.split(".") if s and s not in WRAPPER_SEGMENTS)
+
+
+def group_names(calls: Sequence[Sequence[str]]) -> list[str]:
+    """The name of each ``fully_shard`` call's unit, given its modules' FQNs in module
+    order: those FQNs without wrapper segments, joined (``"embed_tokens, lm_head"``), the
+    same for a plan and a recording of a model whose blocks a ``CheckpointWrapper`` holds;
+    calls that would then share a name (one on a wrapper and one on the module it holds)
+    keep their segments.
+
+    ``group_names([["layers.0._checkpoint_wrapped_module"], ["a", "b"]])`` ->
+    ``["layers.0", "a, b"]``
+    """
+    plain = [", ".join(unwrapped_fqn(f) for f in call) for call in calls]
+    taken = Counter(plain)
+    return [n if taken[n] == 1 else ", ".join(call) for n, call in zip(plain, calls, strict=True)]
 
 
 def some_names(names: Sequence[str], shown: int) -> str:

@@ -118,7 +118,7 @@ from fsdpviz.schema.events import Event, ModuleEvent
 from fsdpviz.schema.extensions import report_method
 from fsdpviz.schema.keywords import DashboardKwargs, SaveKwargs
 from fsdpviz.schema.memory import MemoryReport, size_text, trainable_text
-from fsdpviz.schema.names import UnitNames
+from fsdpviz.schema.names import UnitNames, unwrapped_fqn
 from fsdpviz.schema.names import unit_label as unit_label
 from fsdpviz.schema.pipeline import Pipeline
 from fsdpviz.schema.profile import TraceProfile
@@ -385,10 +385,13 @@ class Report:
         return self.profile is not None
 
     def unit(self, module: str) -> Unit:
-        """The unit wrapping ``module`` (its FQN, ``""`` for the root)."""
-        for u in self.units:
-            if u.module == module:
-                return u
+        """The unit wrapping ``module`` (its FQN, ``""`` for the root; a module inside a
+        checkpoint wrapper also by its FQN with the wrapper's segment, as a unit is named
+        without it)."""
+        for name in dict.fromkeys((module, unwrapped_fqn(module))):
+            for u in self.units:
+                if u.module == name:
+                    return u
         names = ", ".join(unit_label(u.module) for u in self.units[:8])
         raise KeyError(f"no wrap unit for module {unit_label(module)}; units are {names}...")
 
