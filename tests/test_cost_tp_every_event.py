@@ -371,6 +371,76 @@ def test_tensor_parallel_batch_of_one_uneven_sequence(fake_pg: int) -> None:
     assert peak == real_peak
 
 
+def _reduced_plan(modules: tuple[str, ...]) -> Any:
+    """:func:`tp_models.dtensor_plan` (any sequence runs) with the input of each block's
+    ``modules`` left sequence-sharded to their column-wise linears by a
+    ``PrepareModuleInput`` that names ``Shard(1)`` two ways (``Shard(-2)``): as the declared
+    layouts differ, torch calls ``DTensor.redistribute``, which moves nothing in forward
+    (the placements equal once normalised) and, in backward, takes the linears'
+    ``Partial()`` input gradient back to ``Shard(1)``, a reduce-scatter."""
+
+    def plan(seq: int) -> dict[str, Any]:
+        planned = tp_models.dtensor_plan()
+        for name in modules:
+            planned[f"layers.*.{name}"] = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Shard(-2),),
+                use_local_output=False,
+            )  # fmt: skip
+        return planned
+
+    return plan
+
+
+@pytest.mark.parametrize(
+    ("seq", "modules", "precision"),
+    [
+        (UNEVEN_SEQ // 4, ("feed_forward",), "fp32"),
+        (UNEVEN_SEQ // 4, ("attention", "feed_forward"), "fp32"),
+        (UNEVEN_SEQ // 4, ("attention", "feed_forward"), "bf16"),
+        (UNEVEN_SEQ // 4 + 1, ("attention", "feed_forward"), "bf16"),
+    ],
+)
+def test_tensor_parallel_batch_of_one_input_gathered_at_every_event(
+    fake_pg: int, seq: int, modules: tuple[str, ...], precision: str
+) -> None:
+    """A batch of one whose column-wise linears (the feed-forward's, and the attention's
+    projections) take the sequence-sharded input as it is, on a sequence short enough that
+    DTensor's ``mm`` strategies gather the input in forward (the product ``Shard(1)``, the
+    input's gradient ``Partial()``, reduce-scattered by :func:`_reduced_plan`'s
+    redistribution), in float32 and bf16 (``MixedPrecisionPolicy``), on a sequence the 4
+    tp ranks divide (64) and one they do not (63: chunks of 16, 16, 16, 15). Every row
+    agrees, both figures, and the peak:
+
+    - the product is the weight's chunk of its features (``Shard(1)``: 16 of an attention
+      projection's 64, 32 of ``w1``'s 128), not a chunk of the sequence (16 of 63 rows:
+      before, the plan counted the larger of its operands' shares, in float32 64 B more a
+      projection and 128 B more each feed-forward product, 1,544 B more from the second
+      block's forward to its backward, the step's peak 260 B high);
+    - the input gathered for each multiply (in forward, and again for the weight's
+      gradient) is padded to 64 rows, which ``_maybe_unpad_tensor``'s ``narrow`` keeps
+      (before: 63 rows, 256 B low at the peak while the multiply ran)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from fsdpviz.schedule.tp_mm_strategy import mm_choice
+
+    assert fake_pg == 4
+    mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16" else None
+    shape = (_reduced_plan(modules), BATCH_ONE)
+    mm_choice.cache_clear()
+    real, real_peak = _measured("none", mp, seq, nccl=True, shape=shape)
+    mine, peak, tags = _planned("none", mp, seq, shape=shape)
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
+    itemsize = 2 if precision == "bf16" else 4
+    gathered = -(-seq // 4) * 4 * BATCH_ONE["dim"] * itemsize  # the input, padded
+    back = next(i for i, (_, m) in enumerate(tags) if m == "output")
+    w1 = [e[:2] for i, (e, (_, m)) in enumerate(zip(mine, tags, strict=True))
+          if (m or "").endswith(".w1") and i < back]  # fmt: skip
+    assert w1 == [("tp_all_gather", gathered)] * BATCH_ONE["layers"]
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
+    assert not differ, (len(mine), differ)
+    assert peak == real_peak
+
+
 # DTensor's mm strategies for other shapes of a batch of one (costed as on a GPU node of 8),
 # each feed-forward's input gradient reduce-scattered by its PrepareModuleInput
 # (:func:`_absorbed_plan`): (sequence, sizes, the collectives w1's and w3's backward

@@ -177,6 +177,11 @@ class BatchOneMultiply:
         input_grad: the layout the input's gradient comes back in.
         weight_grad_partial: whether the weight's gradient is ``Partial()`` (FSDP2's
             ``_get_grad_inner_tensor`` reduce-scatters it back to ``Shard(0)``).
+        product_share: the share of the forward's product one rank holds: its chunk of the
+            sequence where the product keeps the input's sharding (``Shard(0)`` viewed
+            2-D), of the weight's rows where it is ``Shard(1)`` (a sequence the tp ranks do
+            not divide chunks otherwise: 16 of 62 rows over 4 ranks, where a rank holds 32
+            of 128 features).
         topology_dependent: whether a strategy would differ on nodes on the other side of
             ``tp <= gpus_per_node`` (the tp group costed across hosts rather than within
             one, or the other way round:
@@ -189,6 +194,7 @@ class BatchOneMultiply:
     input_backward: tuple[Move, ...]
     input_grad: Layout
     weight_grad_partial: bool
+    product_share: Fraction
     topology_dependent: bool = False
 
     @property
@@ -291,6 +297,7 @@ def batch_one_multiply(
     return BatchOneMultiply(
         forward, sequence if fwd.output == s0 else ("shard", -1), more, backward,
         sequence if gi.output == s0 else PARTIAL, partial,
+        dim_share(rows if fwd.output == s0 else out, tp),
         any(topology_dependent(a, b, dtype, tp, gpus_per_node) for a, b in asked),
     )  # fmt: skip
 
@@ -347,7 +354,10 @@ def moves_made(
     issue: Callable[[Move], None] | None = None,
 ) -> list[torch.Tensor]:
     """The buffers ``moves`` make, temporaries the multiply frees once it has run (the
-    caller holds them until then): whole for an all-gather; an all-to-all's as the GPU's
+    caller holds them until then): whole for an all-gather (a dim the tp ranks do not
+    divide gathered padded, ``Shard._to_replicate_tensor``, and cut to its size by a
+    ``narrow`` that keeps the padded buffer: 64 rows held of a sequence of 62 over 4
+    ranks); an all-to-all's as the GPU's
     kernel makes them (:func:`~fsdpviz.schedule.tp_buffers.all_to_all_buffers`), its
     result a rank's share."""
     if probe is None:
@@ -362,8 +372,10 @@ def moves_made(
             continue
         if issued is not None:
             issued()
-        with probe.redistributed(None):
-            made.append(like.new_empty(move.shape))
+        padded, d = list(move.shape), move.dim  # a dim the tp ranks do not divide, padded
+        padded[d] = -(-padded[d] // tp) * tp
+        with probe.redistributed(None):  # _maybe_unpad_tensor's narrow: the buffer held
+            made.append(like.new_empty(padded).narrow(d, 0, move.shape[d]))
     return made
 
 
