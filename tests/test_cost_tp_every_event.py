@@ -53,7 +53,7 @@ import tp_models
 from every_event import EventLog, fsdp2_events, planned_step
 from gloo_worker import _FUNCOL, devices_per_host
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, SequenceParallel
 
 import fsdpviz
 from fsdpviz.schedule.tp_mm_strategy import GPUS_PER_NODE
@@ -480,6 +480,52 @@ def test_tensor_parallel_batch_of_one_input_gathered_at_every_event(
     w1 = [e[:2] for i, (e, (_, m)) in enumerate(zip(mine, tags, strict=True))
           if (m or "").endswith(".w1") and i < back]  # fmt: skip
     assert w1 == [("tp_all_gather", gathered)] * BATCH_ONE["layers"]
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
+    assert not differ, (len(mine), differ)
+    assert peak == real_peak
+
+
+def _uneven_features_plan(seq: int) -> dict[str, Any]:
+    """:func:`_reduced_plan`'s feed-forward with ``w1``'s and ``w3``'s outputs kept
+    DTensors (``use_local_output=False``), which know their global shape: features the tp
+    ranks do not divide run (a plain tensor's ``from_local`` in ``w2`` would take them as
+    even and fail)."""
+    plan = _reduced_plan(("feed_forward",))(seq)
+    for name in ("w1", "w3"):
+        plan[f"layers.*.feed_forward.{name}"] = ColwiseParallel(use_local_output=False)
+    return plan
+
+
+@pytest.mark.parametrize("seq", [128, 127])
+def test_tensor_parallel_batch_of_one_uneven_features_at_every_event(
+    fake_pg: int, seq: int
+) -> None:
+    """A batch of one whose feed-forward has 254 features (chunks of 64, 64, 64, 62 over
+    the 4 tp ranks), which DTensor's strategies multiply as in the weight-gradient
+    all-to-all case of :data:`STRATEGIES`: the output's gradient's transpose moved by an
+    all-to-all off the features for ``w1``'s and ``w3``'s weight gradients, left
+    ``Partial()``. Every row agrees, both figures, and the peak:
+
+    - the transpose is copied contiguous before its all-to-all (the first rank's chunk of
+      the features is never padded: ``Shard._pad_for_new_shard_dim`` makes it contiguous
+      all the same; before, the plan made no copy: 32,768 B low as each is issued, on a
+      sequence of 128, which needs no padding; on 127 the padding is that copy);
+    - each ``Partial()`` weight gradient's reduce-scatter in its post-backward moves 256
+      rows, padded (before: 254, 520,192 B for 524,288 B), and holds, as it is issued, the
+      short chunk padded and the chunks' ``torch.cat`` (``Shard._reduce_shard_tensor``:
+      before, not modelled, 655,360 B low there and in the peak after)."""
+    from fsdpviz.schedule.tp_mm_strategy import mm_choice
+
+    assert fake_pg == 4
+    shape = (_uneven_features_plan, {**BATCH_ONE, "dim": 512, "hidden": 254})
+    mm_choice.cache_clear()
+    real, real_peak = _measured("none", None, seq, nccl=True, shape=shape)
+    mine, peak, tags = _planned("none", None, seq, shape=shape)
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
+    scattered = [e[:2] for e, (hook, _) in zip(mine, tags, strict=True)
+                 if hook == "post_backward" and e[0] == "tp_reduce_scatter"]  # fmt: skip
+    assert scattered == [("tp_reduce_scatter", 256 * 512 * 4)] * 4  # each block's w1, w3
+    assert sum(e[0] == "tp_all_to_all" for e in mine) == 4  # each w1, w3: backward
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
     assert not differ, (len(mine), differ)
     assert peak == real_peak

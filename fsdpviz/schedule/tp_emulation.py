@@ -561,7 +561,7 @@ class TPEmulation:
     def _scattered_weight(self, t: torch.Tensor, m: BatchOneMultiply, tpm: TPModule) -> None:
         weight = getattr(self._model.get_submodule(tpm.fqn), "weight", None)
         if m.weight_grad_partial and isinstance(weight, nn.Parameter):
-            scatter_partial_weight(self._groups, f"{tpm.fqn}.weight", weight, t)
+            scatter_partial_weight(self._groups, f"{tpm.fqn}.weight", weight, t, self.plan.size)
             self._whole_grads.add(weight)  # its Partial() gradient: whole on each rank
 
     def _multiplied(

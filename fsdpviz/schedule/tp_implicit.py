@@ -424,13 +424,16 @@ def issued_forward(
 
 
 def scatter_partial_weight(
-    groups: list[Group], fqn: str, weight: torch.Tensor, like: torch.Tensor
+    groups: list[Group], fqn: str, weight: torch.Tensor, like: torch.Tensor, tp: int
 ) -> None:
     """A batch of one's weight ``fqn`` whose gradient its multiply leaves ``Partial()``
     (:attr:`BatchOneMultiply.weight_grad_partial`), in the compute dtype of ``like``: its
     group's post-backward reduce-scatters it to the weight's shard (FSDP2's
-    ``_get_grad_inner_tensor``), in the group's order of parameters."""
-    entry = (fqn, weight.numel() * like.element_size(), str(like.dtype).removeprefix("torch."))
+    ``_get_grad_inner_tensor``) over the ``tp`` ranks, in the group's order of parameters,
+    a dim 0 they do not divide padded (``Shard._reduce_shard_tensor``)."""
+    nbytes = weight.numel() * like.element_size()
+    nbytes = padded_bytes(nbytes, weight.shape, "tp_reduce_scatter", PARTIAL, ("shard", 0), tp)
+    entry = (fqn, nbytes, str(like.dtype).removeprefix("torch."))
     for g in groups:
         if any(p is weight for p in g.params) and entry not in g.tp_partial_grads:
             g.tp_partial_grads.append(entry)
