@@ -531,6 +531,37 @@ def test_tensor_parallel_batch_of_one_uneven_features_at_every_event(
     assert peak == real_peak
 
 
+def test_tensor_parallel_batch_of_one_unreduced_partial_gradient_is_noted(fake_pg: int) -> None:
+    """:func:`_batch_one_plan` on a short sequence the tp ranks do not divide (63): each
+    ``w1``'s and ``w3``'s multiply gathers its input and gives its gradient back
+    ``Partial()`` to the norm's operators that made the DTensor, which no style's
+    redistribution takes back. Torch's backward reduces it there by the operators' sharding
+    propagation: reduce-scatters, and the norm's statistics (63 rows, padded to 64)
+    all-gathered, which the plan leaves out, and its warning says so in those words; the
+    forward agrees at every row."""
+    assert fake_pg == 4
+    seq = UNEVEN_SEQ // 4
+    (real, _), (mine, _, tags) = _batch_one(seq, (_batch_one_plan, None))
+    back = next(i for i, (_, m) in enumerate(tags) if m == "output")
+    assert real[:back] == mine[:back]
+    stats = ("tp_all_gather", 64 * 4)
+    assert stats in [e[:2] for e in real[back:]] and stats not in [e[:2] for e in mine]
+    scatters = [sum(e[0] == "tp_reduce_scatter" for e in x[back:]) for x in (real, mine)]
+    assert scatters[0] > scatters[1]
+    with torch.device("meta"):
+        model = _build("none", seq)
+    report = fsdpviz.analyze(
+        model, _ids(seq), fully_shard=tp_models.LAYERS, mesh=("dp_shard", 1, "tp", 4),
+        parallelize_plan=_batch_one_plan(seq), loss=_loss, progress=False,
+    )  # fmt: skip
+    noted = {w.message.split(" (")[0].removeprefix("tensor parallelism: "): w.message
+             for w in report.warnings if w.code == "tp_implicit_redistribution"}  # fmt: skip
+    assert sorted(noted) == [f"layers.{n}.feed_forward.{w}" for n in (0, 1) for w in ("w1", "w3")]
+    said = ("gives its gradient back Partial()", "a reduce-scatter or an all-reduce",
+            "statistics gathered", "fsdpviz does not plan, nor their buffers")  # fmt: skip
+    assert all(all(s in m for s in said) for m in noted.values())
+
+
 # DTensor's mm strategies for other shapes of a batch of one (costed as on a GPU node of 8),
 # each feed-forward's input gradient reduce-scattered by its PrepareModuleInput
 # (:func:`_absorbed_plan`): (sequence, sizes, the collectives w1's and w3's backward

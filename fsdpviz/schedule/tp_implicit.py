@@ -100,6 +100,18 @@ def topology_warning(tpm: TPModule, tp: int) -> str:
     )
 
 
+_UNREDUCED = (
+    "DTensor's operators that made the DTensor (no style redistributed it) reduce that "
+    "gradient by their own sharding propagation in backward: where an operator cannot take "
+    "it partial, a reduce-scatter or an all-reduce, and the redistributions of the tensors it "
+    "meets there (a normalisation's statistics gathered), collectives fsdpviz does not plan, "
+    "nor their buffers."
+)
+"""What a ``Partial()`` input gradient no style's ``Redistribute.backward`` takes back
+meets in torch (``rms_norm``'s arithmetic on a sequence-sharded DTensor: reduce-scatters,
+and its statistics all-gathered)."""
+
+
 def partial_grad_warning(tpm: TPModule, known: Layout) -> str:
     """The warning of a batch of one's multiply (:func:`batch_one_multiply`) whose input's
     gradient comes back ``Partial()`` where no style's ``Redistribute.backward`` takes it."""
@@ -107,10 +119,9 @@ def partial_grad_warning(tpm: TPModule, known: Layout) -> str:
     return (
         f"tensor parallelism: {tpm.fqn} ({tpm.style}) takes a DTensor in {layout} that its "
         "declared layouts leave to its linear's multiply, which gives its gradient back "
-        "Partial() (planned, as DTensor's mm strategies pick). DTensor's operators that made "
-        "the DTensor (no style redistributed it) reduce that gradient by their own sharding "
-        "propagation in backward, collectives fsdpviz does not plan. Declare the layout it "
-        f"arrives in, input_layouts=({layout},), so the style redistributes it explicitly"
+        f"Partial() (planned, as DTensor's mm strategies pick). {_UNREDUCED} Declare the "
+        f"layout it arrives in, input_layouts=({layout},), so the style redistributes it "
+        "explicitly (its backward reduce-scatters the gradient, planned)"
     )
 
 
@@ -120,18 +131,15 @@ def gathered_warning(tpm: TPModule, known: Layout, absorbed: bool) -> str:
     gradient no style's ``Redistribute.backward`` takes back (``absorbed``: one does), and
     its memory not exact."""
     layout = layout_name(known)
-    back = "" if absorbed else (
-        " DTensor's operators that made the DTensor (no style redistributed it) reduce that "
-        "gradient by their own sharding propagation in backward, collectives fsdpviz does "
-        "not plan."
-    )  # fmt: skip
+    back = "" if absorbed else f" {_UNREDUCED}"
     return (
         f"tensor parallelism: {tpm.fqn} ({tpm.style}) takes a DTensor in {layout} that its "
         "declared layouts leave to its linear's multiply, which gathers it in forward and "
         "again for the weight's gradient in backward and gives its gradient back Partial() "
         f"(planned).{back} Its memory is not exact: torch saves the multiply's input as a "
-        "rank's share (_StridedShard; a batch of one's Shard(0)) and gathers it into temporary "
-        "buffers, fsdpviz holds it gathered, whole, until backward (more than torch). "
+        "rank's share (_StridedShard: the linear's 2-D view of a tensor sharded on a dim "
+        "after a dim of more than one) and gathers it into temporary buffers, fsdpviz holds "
+        "it gathered, whole, until backward (more than torch). "
         f"Declare the layout it arrives in, input_layouts=({layout},), so the style gathers "
         "it (the same forward collective), which fsdpviz plans exactly"
     )
