@@ -496,15 +496,16 @@ def _uneven_features_plan(seq: int) -> dict[str, Any]:
     return plan
 
 
-@pytest.mark.parametrize("seq", [128, 127])
+@pytest.mark.parametrize(("seq", "dim"), [(128, 512), (127, 512), (UNEVEN_SEQ // 4, 64)])
 def test_tensor_parallel_batch_of_one_uneven_features_at_every_event(
-    fake_pg: int, seq: int
+    fake_pg: int, seq: int, dim: int
 ) -> None:
     """A batch of one whose feed-forward has 254 features (chunks of 64, 64, 64, 62 over
-    the 4 tp ranks), which DTensor's strategies multiply as in the weight-gradient
+    the 4 tp ranks). At ``dim`` 512 DTensor's strategies multiply as in the weight-gradient
     all-to-all case of :data:`STRATEGIES`: the output's gradient's transpose moved by an
     all-to-all off the features for ``w1``'s and ``w3``'s weight gradients, left
-    ``Partial()``. Every row agrees, both figures, and the peak:
+    ``Partial()``; at 64, as in the input-gathered case, the weight gradients a rank's
+    chunk. Every row agrees, both figures, and the peak:
 
     - the transpose is copied contiguous before its all-to-all (the first rank's chunk of
       the features is never padded: ``Shard._pad_for_new_shard_dim`` makes it contiguous
@@ -513,19 +514,22 @@ def test_tensor_parallel_batch_of_one_uneven_features_at_every_event(
     - each ``Partial()`` weight gradient's reduce-scatter in its post-backward moves 256
       rows, padded (before: 254, 520,192 B for 524,288 B), and holds, as it is issued, the
       short chunk padded and the chunks' ``torch.cat`` (``Shard._reduce_shard_tensor``:
-      before, not modelled, 655,360 B low there and in the peak after)."""
+      before, not modelled, 655,360 B low there and in the peak after);
+    - a weight gradient the multiply makes as a chunk is the first rank's, 64 of the 254
+      rows (before: a quarter of them, 128 B low at the peak of each backward multiply)."""
     from fsdpviz.schedule.tp_mm_strategy import mm_choice
 
     assert fake_pg == 4
-    shape = (_uneven_features_plan, {**BATCH_ONE, "dim": 512, "hidden": 254})
+    shape = (_uneven_features_plan, {**BATCH_ONE, "dim": dim, "hidden": 254})
     mm_choice.cache_clear()
     real, real_peak = _measured("none", None, seq, nccl=True, shape=shape)
     mine, peak, tags = _planned("none", None, seq, shape=shape)
     assert [e[:2] for e in real] == [e[:2] for e in mine]
     scattered = [e[:2] for e, (hook, _) in zip(mine, tags, strict=True)
                  if hook == "post_backward" and e[0] == "tp_reduce_scatter"]  # fmt: skip
-    assert scattered == [("tp_reduce_scatter", 256 * 512 * 4)] * 4  # each block's w1, w3
-    assert sum(e[0] == "tp_all_to_all" for e in mine) == 4  # each w1, w3: backward
+    partial = dim == 512  # each block's w1, w3: their gradients Partial(), all-to-alls
+    assert scattered == [("tp_reduce_scatter", 256 * dim * 4)] * 4 * partial
+    assert sum(e[0] == "tp_all_to_all" for e in mine) == 4 * partial
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
     assert not differ, (len(mine), differ)
     assert peak == real_peak

@@ -190,6 +190,8 @@ class BatchOneMultiply:
             2-D), of the weight's rows where it is ``Shard(1)`` (a sequence the tp ranks do
             not divide chunks otherwise: 16 of 62 rows over 4 ranks, where a rank holds 32
             of 128 features).
+        weight_share: the share of the weight's rows (its ``Shard(0)`` chunk) one rank
+            holds, what its gradient is where not ``Partial()`` (64 of 254 rows over 4 ranks).
         topology_dependent: whether a strategy would differ on nodes on the other side of
             ``tp <= gpus_per_node`` (the tp group costed across hosts rather than within
             one, or the other way round:
@@ -203,6 +205,7 @@ class BatchOneMultiply:
     input_grad: Layout
     weight_grad_partial: bool
     product_share: Fraction
+    weight_share: Fraction
     topology_dependent: bool = False
 
     @property
@@ -305,7 +308,7 @@ def batch_one_multiply(
     return BatchOneMultiply(
         forward, sequence if fwd.output == s0 else ("shard", -1), more, backward,
         sequence if gi.output == s0 else PARTIAL, partial,
-        dim_share(rows if fwd.output == s0 else out, tp),
+        dim_share(rows if fwd.output == s0 else out, tp), dim_share(out, tp),
         any(topology_dependent(a, b, dtype, tp, gpus_per_node) for a, b in asked),
     )  # fmt: skip
 
@@ -344,7 +347,7 @@ def multiplied_backward(
         made = None if m.input_grad == PARTIAL or g.dim() == 0 else dim_share(rows, size)
         if probe is not None and weight_grad:  # Shard(0) (the weight's chunk) or Partial()
             probe.before_backward_mm(0, weight_side, None if m.weight_grad_partial else
-                                     Fraction(1, size))  # fmt: skip
+                                     m.weight_share)  # fmt: skip
         if probe is None or (not m.input_backward and made is None):
             input_side()
         else:
