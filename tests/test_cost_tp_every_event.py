@@ -134,10 +134,11 @@ def _measured(
     nccl: bool = False,
     unshard_embedding: bool = True,
     shape: tuple[Any, dict[str, int] | None] = (_batch_one_plan, None),
+    tp: int = 4,
 ) -> Step:
-    """``batch_one``: a batch of one of that sequence length, dp_shard 1 x tp 4,
-    :func:`_batch_one_plan`, DTensor's cost model weighing the tp group as on a GPU node of
-    8, as the plan does; ``nccl``: DTensor's all-to-all as a GPU runs it
+    """``batch_one``: a batch of one of that sequence length, dp_shard 1 x tp 4 (``tp`` 2:
+    dp_shard 2), :func:`_batch_one_plan`, DTensor's cost model weighing the tp group as on
+    a GPU node of 8, as the plan does; ``nccl``: DTensor's all-to-all as a GPU runs it
     (:func:`_nccl_all_to_all`). ``unshard_embedding`` False: the embedding in a
     ``fully_shard`` call of its own, whose ``set_unshard_in_backward(False)`` is called.
     ``shape``: the batch of one's plan (a function of the sequence) and sizes."""
@@ -147,7 +148,7 @@ def _measured(
     from torch.distributed.tensor.parallel import parallelize_module
 
     planned, sizes = shape
-    dims = (1, 4) if batch_one else (2, 2)
+    dims = (4 // tp, tp) if batch_one else (2, 2)
     mesh = init_device_mesh("cpu", dims, mesh_dim_names=("dp_shard", "tp"))
     torch.manual_seed(0)
     model = _build(norm, batch_one, sizes)
@@ -277,6 +278,7 @@ def _planned(
     batch_one: int = 0,
     unshard_embedding: bool = True,
     shape: tuple[Any, dict[str, int] | None] = (_batch_one_plan, None),
+    tp: int = 4,
 ) -> tuple[Seen, int, list[Any]]:
     """The plan's steady step (as :func:`_measured`'s), its peak, each event's hook and
     module."""
@@ -288,7 +290,7 @@ def _planned(
         options["unshard_in_backward"] = {"tok_embeddings": False}
     report = fsdpviz.analyze(
         model, _ids(batch_one), fully_shard=_calls(unshard_embedding),
-        mesh=("dp_shard", 1, "tp", 4) if batch_one else ("dp_shard", 2, "tp", 2),
+        mesh=("dp_shard", 4 // tp, "tp", tp) if batch_one else ("dp_shard", 2, "tp", 2),
         parallelize_plan=planned(batch_one) if batch_one else _plan(norm), loss=_loss,
         progress=False, **options,
     )  # fmt: skip
@@ -436,24 +438,26 @@ def _reduced_plan(modules: tuple[str, ...]) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("seq", "modules", "precision"),
+    ("seq", "modules", "precision", "tp"),
     [
-        (UNEVEN_SEQ // 4, ("feed_forward",), "fp32"),
-        (UNEVEN_SEQ // 4, ("attention", "feed_forward"), "fp32"),
-        (UNEVEN_SEQ // 4, ("attention", "feed_forward"), "bf16"),
-        (UNEVEN_SEQ // 4 + 1, ("attention", "feed_forward"), "bf16"),
+        (UNEVEN_SEQ // 4, ("feed_forward",), "fp32", 4),
+        (UNEVEN_SEQ // 4, ("attention", "feed_forward"), "fp32", 4),
+        (UNEVEN_SEQ // 4, ("attention", "feed_forward"), "bf16", 4),
+        (UNEVEN_SEQ // 4 + 1, ("attention", "feed_forward"), "bf16", 4),
+        (UNEVEN_SEQ // 4, ("attention", "feed_forward"), "bf16", 2),
     ],
 )
 def test_tensor_parallel_batch_of_one_input_gathered_at_every_event(
-    fake_pg: int, seq: int, modules: tuple[str, ...], precision: str
+    fake_pg: int, seq: int, modules: tuple[str, ...], precision: str, tp: int
 ) -> None:
     """A batch of one whose column-wise linears (the feed-forward's, and the attention's
     projections) take the sequence-sharded input as it is, on a sequence short enough that
     DTensor's ``mm`` strategies gather the input in forward (the product ``Shard(1)``, the
     input's gradient ``Partial()``, reduce-scattered by :func:`_reduced_plan`'s
     redistribution), in float32 and bf16 (``MixedPrecisionPolicy``), on a sequence the 4
-    tp ranks divide (64) and one they do not (63: chunks of 16, 16, 16, 15). Every row
-    agrees, both figures, and the peak:
+    tp ranks divide (64) and one they do not (63: chunks of 16, 16, 16, 15), and on 2 tp
+    ranks (dp_shard 2: chunks of 32 and 31). Every row agrees, both figures, and the
+    peak:
 
     - the product is the weight's chunk of its features (``Shard(1)``: 16 of an attention
       projection's 64, 32 of ``w1``'s 128), not a chunk of the sequence (16 of 63 rows:
@@ -471,11 +475,11 @@ def test_tensor_parallel_batch_of_one_input_gathered_at_every_event(
     mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16" else None
     shape = (_reduced_plan(modules), BATCH_ONE)
     mm_choice.cache_clear()
-    real, real_peak = _measured("none", mp, seq, nccl=True, shape=shape)
-    mine, peak, tags = _planned("none", mp, seq, shape=shape)
+    real, real_peak = _measured("none", mp, seq, nccl=True, shape=shape, tp=tp)
+    mine, peak, tags = _planned("none", mp, seq, shape=shape, tp=tp)
     assert [e[:2] for e in real] == [e[:2] for e in mine]
     itemsize = 2 if precision == "bf16" else 4
-    gathered = -(-seq // 4) * 4 * BATCH_ONE["dim"] * itemsize  # the input, padded
+    gathered = -(-seq // tp) * tp * BATCH_ONE["dim"] * itemsize  # the input, padded
     back = next(i for i, (_, m) in enumerate(tags) if m == "output")
     w1 = [e[:2] for i, (e, (_, m)) in enumerate(zip(mine, tags, strict=True))
           if (m or "").endswith(".w1") and i < back]  # fmt: skip
