@@ -314,6 +314,8 @@ class FSDP2Steps:
         if share is None or not padded or e.hook is None or e.kind != "tp_reduce_scatter":
             return None
         chunk = padded // self.tp_ranks
+        if not chunk:
+            return None
         whole = int(chunk / share)
         made = 0 if whole == padded else (self.tp_ranks - whole // chunk) * chunk + padded
         return whole, chunk, made

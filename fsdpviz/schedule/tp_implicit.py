@@ -187,11 +187,12 @@ class BatchOneMultiply:
             ``_get_grad_inner_tensor`` reduce-scatters it back to ``Shard(0)``).
         product_share: the share of the forward's product one rank holds: its chunk of the
             sequence where the product keeps the input's sharding (``Shard(0)`` viewed
-            2-D), of the weight's rows where it is ``Shard(1)`` (a sequence the tp ranks do
-            not divide chunks otherwise: 16 of 62 rows over 4 ranks, where a rank holds 32
-            of 128 features).
+            2-D), of the weight's rows where it is ``Shard(1)``; they differ where the tp
+            ranks do not divide the sequence (16 of 62 rows over 4 ranks, 32 of 128
+            features).
         weight_share: the share of the weight's rows (its ``Shard(0)`` chunk) one rank
-            holds, what its gradient is where not ``Partial()`` (64 of 254 rows over 4 ranks).
+            holds, and of its gradient where that is not ``Partial()`` (64 of 254 rows over
+            4 ranks).
         topology_dependent: whether a strategy would differ on nodes on the other side of
             ``tp <= gpus_per_node`` (the tp group costed across hosts rather than within
             one, or the other way round:
@@ -368,9 +369,8 @@ def moves_made(
     caller holds them until then): whole for an all-gather (a dim the tp ranks do not
     divide gathered padded, ``Shard._to_replicate_tensor``, and cut to its size by a
     ``narrow`` that keeps the padded buffer: 64 rows held of a sequence of 62 over 4
-    ranks); an all-to-all's as the GPU's
-    kernel makes them (:func:`~fsdpviz.schedule.tp_buffers.all_to_all_buffers`), its
-    result a rank's share."""
+    ranks); an all-to-all's as the GPU's kernel makes them
+    (:func:`~fsdpviz.schedule.tp_buffers.all_to_all_buffers`), its result a rank's share."""
     if probe is None:
         return []
     made = []
