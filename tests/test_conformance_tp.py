@@ -782,6 +782,7 @@ def test_a_linears_multiply_gathers_a_sequence_sharded_input_in_both_passes(
     noted = [w.message for w in report.warnings if w.code == "tp_implicit_redistribution"]
     assert len(noted) == len(linears) * 2
     assert all("(planned). Its memory is not exact" in m for m in noted)
+    assert not any("batch of one" in m for m in noted)  # (a batch of one's is planned)
     back = [(e.kind, e.module) for e in report.iterations[0]
             if e.tensor_parallel and e.phase == "backward"
             and e.module.startswith(f"layers.1.{prepared}")]  # fmt: skip

@@ -6,8 +6,10 @@ with a weightless normalisation at the start of each attention, which takes the
 replicated DTensor its ``PrepareModuleInput`` (``use_local_output=False``) gathers:
 ``F.layer_norm`` (its backward's strategies all-reduce the column-wise projections'
 ``Partial()`` gradient) and ``F.rms_norm`` (arithmetic on the CPU: the ``Partial()``
-gradient passes, reduce-scattered where it goes back). The real model runs a step (its
-buffers made), then another under torch's ``MemTracker``: FSDP's events as its recorder
+gradient passes, reduce-scattered where it goes back); a bf16 ``layer_norm``'s statistics
+are float32 on a GPU, as the plan holds them, bf16 on the CPU, whose kernels run as a GPU's
+for it (:func:`_gpu_layer_norm`). The real model runs a step (its buffers made), then
+another under torch's ``MemTracker``: FSDP's events as its recorder
 sees them, tensor parallelism's as DTensor issues its functional collectives (kind and
 bytes), each with the bytes in use as it is settled (an FSDP event as in
 ``test_cost_fsdp2_every_event``, the reduce-scatter at the post-backward's return,
@@ -41,7 +43,9 @@ all-to-all for the input's gradient or the weight's.
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+import warnings
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 from unittest.mock import patch
 
@@ -52,7 +56,7 @@ import tp_models
 from every_event import EventLog, fsdp2_events, planned_step
 from gloo_worker import _FUNCOL, devices_per_host
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, SequenceParallel
 
 import fsdpviz
 from fsdpviz.schedule.tp_mm_strategy import GPUS_PER_NODE
@@ -135,10 +139,11 @@ def _measured(
     unshard_embedding: bool = True,
     shape: tuple[Any, dict[str, int] | None] = (_batch_one_plan, None),
     selective: bool = False,
+    tp: int = 4,
 ) -> Step:
-    """``batch_one``: a batch of one of that sequence length, dp_shard 1 x tp 4,
-    :func:`_batch_one_plan`, DTensor's cost model weighing the tp group as on a GPU node of
-    8, as the plan does; ``nccl``: DTensor's all-to-all as a GPU runs it
+    """``batch_one``: a batch of one of that sequence length, dp_shard 1 x tp 4 (``tp`` 2:
+    dp_shard 2), :func:`_batch_one_plan`, DTensor's cost model weighing the tp group as on
+    a GPU node of 8, as the plan does; ``nccl``: DTensor's all-to-all as a GPU runs it
     (:func:`_nccl_all_to_all`). ``unshard_embedding`` False: the embedding in a
     ``fully_shard`` call of its own, whose ``set_unshard_in_backward(False)`` is called.
     ``shape``: the batch of one's plan (a function of the sequence) and sizes; ``selective``:
@@ -150,7 +155,7 @@ def _measured(
     from torch.distributed.tensor.parallel import parallelize_module
 
     planned, sizes = shape
-    dims = (1, 4) if batch_one else (2, 2)
+    dims = (4 // tp, tp) if batch_one else (2, 2)
     mesh = init_device_mesh("cpu", dims, mesh_dim_names=("dp_shard", "tp"))
     torch.manual_seed(0)
     model = _build(norm, batch_one, sizes)
@@ -165,7 +170,7 @@ def _measured(
         model.tok_embeddings.set_unshard_in_backward(False)  # type: ignore[operator]
     ids = _ids(batch_one)
 
-    def tp(name: str, log: EventLog) -> Any:
+    def logged(name: str, log: EventLog) -> Any:
         original = getattr(funcol, name)
 
         def collective(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -186,7 +191,7 @@ def _measured(
         ExitStack() as patches,
     ):
         for name in _FUNCOL:
-            patches.enter_context(patch.object(funcol, name, tp(name, log)))
+            patches.enter_context(patch.object(funcol, name, logged(name, log)))
         if nccl:
             patches.enter_context(_nccl_all_to_all(log))
         for step in range(2):
@@ -228,6 +233,48 @@ def _nccl_all_to_all(log: EventLog) -> Any:
     return patch.object(placement_types, "shard_dim_alltoall", all_to_all)
 
 
+@contextmanager
+def _gpu_layer_norm() -> Iterator[None]:
+    """The CPU's ``native_layer_norm`` and its backward as a GPU runs them while it is
+    open: its statistics (``mean``, ``rstd``) in float32 for a bf16 input, as CUDA's
+    ``layer_norm_cuda`` makes them (the accumulate type), where the CPU's kernel keeps them
+    in the input's dtype (``layer_norm_cpu``: 64 B less a block that saves them here). The
+    kernels are replaced by the same arithmetic in float32, whose temporaries no dispatch
+    mode sees, as a kernel's; the operators' outputs are what the tracker counts."""
+    from torch.library import Library
+
+    def forward(x: Any, shape: list[int], weight: Any, bias: Any, eps: float) -> Any:
+        dims = tuple(range(x.dim() - len(shape), x.dim()))
+        x32 = x.float()
+        mean = x32.mean(dims, keepdim=True)
+        rstd = (x32.var(dims, unbiased=False, keepdim=True) + eps).rsqrt()
+        out = (x32 - mean) * rstd
+        out = out * weight if weight is not None else out
+        return (out + bias if bias is not None else out).to(x.dtype), mean, rstd
+
+    def backward(
+        g: Any, x: Any, shape: list[int], mean: Any, rstd: Any, weight: Any, bias: Any,
+        mask: list[bool],
+    ) -> Any:  # fmt: skip
+        dims, lead = tuple(range(x.dim() - len(shape), x.dim())), tuple(range(x.dim() - len(shape)))
+        g32, xhat = g.float(), (x.float() - mean) * rstd
+        gx = g32 * weight if weight is not None else g32
+        gx = rstd * (gx - gx.mean(dims, True) - xhat * (gx * xhat).mean(dims, True))
+        gw = (g32 * xhat).sum(lead).to(weight.dtype) if weight is not None and mask[1] else None
+        gb = g32.sum(lead).to(bias.dtype) if bias is not None and mask[2] else None
+        return gx.to(x.dtype) if mask[0] else None, gw, gb
+
+    lib = Library("aten", "IMPL")
+    with warnings.catch_warnings():  # (torch warns of the kernels it overrides)
+        warnings.simplefilter("ignore")
+        lib.impl("native_layer_norm", forward, "CPU")
+        lib.impl("native_layer_norm_backward", backward, "CPU")
+    try:
+        yield
+    finally:
+        lib._destroy()
+
+
 def _calls(unshard_embedding: bool) -> list[tuple[str, ...]]:
     """The ``fully_shard`` calls before the root's: the blocks' (and, where the embedding
     is not unsharded in backward, the embedding's first)."""
@@ -241,6 +288,7 @@ def _planned(
     unshard_embedding: bool = True,
     shape: tuple[Any, dict[str, int] | None] = (_batch_one_plan, None),
     selective: bool = False,
+    tp: int = 4,
 ) -> tuple[Seen, int, list[Any]]:
     """The plan's steady step (as :func:`_measured`'s), its peak, each event's hook and
     module."""
@@ -254,7 +302,7 @@ def _planned(
         options["activation_checkpointing"] = SelectiveCheckpoint([tp_models.TransformerBlock])
     report = fsdpviz.analyze(
         model, _ids(batch_one), fully_shard=_calls(unshard_embedding),
-        mesh=("dp_shard", 1, "tp", 4) if batch_one else ("dp_shard", 2, "tp", 2),
+        mesh=("dp_shard", 4 // tp, "tp", tp) if batch_one else ("dp_shard", 2, "tp", 2),
         parallelize_plan=planned(batch_one) if batch_one else _plan(norm), loss=_loss,
         progress=False, **options,
     )  # fmt: skip
@@ -271,12 +319,10 @@ def test_tensor_parallel_events_and_memory_at_every_event(
 
     assert fake_pg == 4
     mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16" else None
-    (real, real_peak), (mine, peak, _) = _measured(norm, mp), _planned(norm, mp)
+    with _gpu_layer_norm() if norm == "layer" and precision == "bf16" else nullcontext():
+        real, real_peak = _measured(norm, mp)
+    mine, peak, _ = _planned(norm, mp)
     assert [e[:2] for e in real] == [e[:2] for e in mine]
-    if norm == "layer" and precision == "bf16":
-        # the CPU's layer_norm keeps its statistics in bf16, a GPU's (and meta's) in fp32:
-        # while a block's are saved (64 B less) and in its backward the figures differ
-        return
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
     assert not differ, (len(mine), differ)
     assert peak == real_peak
@@ -404,6 +450,159 @@ def test_tensor_parallel_batch_of_one_uneven_sequence(fake_pg: int) -> None:
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
     assert not differ, (len(mine), differ)
     assert peak == real_peak
+
+
+def _reduced_plan(modules: tuple[str, ...]) -> Any:
+    """:func:`tp_models.dtensor_plan` (any sequence runs) with the input of each block's
+    ``modules`` left sequence-sharded to their column-wise linears by a
+    ``PrepareModuleInput`` that names ``Shard(1)`` two ways (``Shard(-2)``): as the declared
+    layouts differ, torch calls ``DTensor.redistribute``, which moves nothing in forward
+    (the placements equal once normalised) and, in backward, takes the linears'
+    ``Partial()`` input gradient back to ``Shard(1)``, a reduce-scatter."""
+
+    def plan(seq: int) -> dict[str, Any]:
+        planned = tp_models.dtensor_plan()
+        for name in modules:
+            planned[f"layers.*.{name}"] = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Shard(-2),),
+                use_local_output=False,
+            )  # fmt: skip
+        return planned
+
+    return plan
+
+
+@pytest.mark.parametrize(
+    ("seq", "modules", "precision", "tp"),
+    [
+        (UNEVEN_SEQ // 4, ("feed_forward",), "fp32", 4),
+        (UNEVEN_SEQ // 4, ("attention", "feed_forward"), "fp32", 4),
+        (UNEVEN_SEQ // 4, ("attention", "feed_forward"), "bf16", 4),
+        (UNEVEN_SEQ // 4 + 1, ("attention", "feed_forward"), "bf16", 4),
+        (UNEVEN_SEQ // 4, ("attention", "feed_forward"), "bf16", 2),
+    ],
+)
+def test_tensor_parallel_batch_of_one_input_gathered_at_every_event(
+    fake_pg: int, seq: int, modules: tuple[str, ...], precision: str, tp: int
+) -> None:
+    """A batch of one whose column-wise linears (the feed-forward's, and the attention's
+    projections) take the sequence-sharded input as it is, on a sequence short enough that
+    DTensor's ``mm`` strategies gather the input in forward (the product ``Shard(1)``, the
+    input's gradient ``Partial()``, reduce-scattered by :func:`_reduced_plan`'s
+    redistribution), in float32 and bf16 (``MixedPrecisionPolicy``), on a sequence the 4
+    tp ranks divide (64) and one they do not (63: chunks of 16, 16, 16, 15), and on 2 tp
+    ranks (dp_shard 2: chunks of 32 and 31). Every row agrees, both figures, and the
+    peak:
+
+    - the product is the weight's chunk of its features (``Shard(1)``: 16 of an attention
+      projection's 64, 32 of ``w1``'s 128), not a chunk of the sequence (16 of 63 rows:
+      before, the plan counted the larger of its operands' shares, in float32 64 B more a
+      projection and 128 B more each feed-forward product, 1,544 B more from the second
+      block's forward to its backward, the step's peak 260 B high);
+    - the input gathered for each multiply (in forward, and again for the weight's
+      gradient) is padded to 64 rows, which ``_maybe_unpad_tensor``'s ``narrow`` keeps
+      (before: 63 rows, 256 B low at the peak while the multiply ran)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from fsdpviz.schedule.tp_mm_strategy import mm_choice
+
+    assert fake_pg == 4
+    mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if precision == "bf16" else None
+    shape = (_reduced_plan(modules), BATCH_ONE)
+    mm_choice.cache_clear()
+    real, real_peak = _measured("none", mp, seq, nccl=True, shape=shape, tp=tp)
+    mine, peak, tags = _planned("none", mp, seq, shape=shape, tp=tp)
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
+    itemsize = 2 if precision == "bf16" else 4
+    gathered = -(-seq // tp) * tp * BATCH_ONE["dim"] * itemsize  # the input, padded
+    back = next(i for i, (_, m) in enumerate(tags) if m == "output")
+    w1 = [e[:2] for i, (e, (_, m)) in enumerate(zip(mine, tags, strict=True))
+          if (m or "").endswith(".w1") and i < back]  # fmt: skip
+    assert w1 == [("tp_all_gather", gathered)] * BATCH_ONE["layers"]
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
+    assert not differ, (len(mine), differ)
+    assert peak == real_peak
+
+
+def _uneven_features_plan(seq: int) -> dict[str, Any]:
+    """:func:`_reduced_plan`'s feed-forward with ``w1``'s and ``w3``'s outputs kept
+    DTensors (``use_local_output=False``), which know their global shape: features the tp
+    ranks do not divide run (a plain tensor's ``from_local`` in ``w2`` would take them as
+    even and fail)."""
+    plan = _reduced_plan(("feed_forward",))(seq)
+    for name in ("w1", "w3"):
+        plan[f"layers.*.feed_forward.{name}"] = ColwiseParallel(use_local_output=False)
+    return plan
+
+
+@pytest.mark.parametrize(("seq", "dim"), [(128, 512), (127, 512), (UNEVEN_SEQ // 4, 64)])
+def test_tensor_parallel_batch_of_one_uneven_features_at_every_event(
+    fake_pg: int, seq: int, dim: int
+) -> None:
+    """A batch of one whose feed-forward has 254 features (chunks of 64, 64, 64, 62 over
+    the 4 tp ranks). At ``dim`` 512 DTensor's strategies multiply as in the weight-gradient
+    all-to-all case of :data:`STRATEGIES`: the output's gradient's transpose moved by an
+    all-to-all off the features for ``w1``'s and ``w3``'s weight gradients, left
+    ``Partial()``; at 64, as in the input-gathered case, the weight gradients a rank's
+    chunk. Every row agrees, both figures, and the peak:
+
+    - the transpose is copied contiguous before its all-to-all (the first rank's chunk of
+      the features is never padded: ``Shard._pad_for_new_shard_dim`` makes it contiguous
+      all the same; before, the plan made no copy: 32,768 B low as each is issued, on a
+      sequence of 128, which needs no padding; on 127 the padding is that copy);
+    - each ``Partial()`` weight gradient's reduce-scatter in its post-backward moves 256
+      rows, padded (before: 254, 520,192 B for 524,288 B), and holds, as it is issued, the
+      short chunk padded and the chunks' ``torch.cat`` (``Shard._reduce_shard_tensor``:
+      before, not modelled, 655,360 B low there and in the peak after);
+    - a weight gradient the multiply makes as a chunk is the first rank's, 64 of the 254
+      rows (before: a quarter of them, 128 B low at the peak of each backward multiply)."""
+    from fsdpviz.schedule.tp_mm_strategy import mm_choice
+
+    assert fake_pg == 4
+    shape = (_uneven_features_plan, {**BATCH_ONE, "dim": dim, "hidden": 254})
+    mm_choice.cache_clear()
+    real, real_peak = _measured("none", None, seq, nccl=True, shape=shape)
+    mine, peak, tags = _planned("none", None, seq, shape=shape)
+    assert [e[:2] for e in real] == [e[:2] for e in mine]
+    scattered = [e[:2] for e, (hook, _) in zip(mine, tags, strict=True)
+                 if hook == "post_backward" and e[0] == "tp_reduce_scatter"]  # fmt: skip
+    partial = dim == 512  # each block's w1, w3: their gradients Partial(), all-to-alls
+    assert scattered == [("tp_reduce_scatter", 256 * dim * 4)] * 4 * partial
+    assert sum(e[0] == "tp_all_to_all" for e in mine) == 4 * partial
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(real, mine, strict=True)) if a != b]
+    assert not differ, (len(mine), differ)
+    assert peak == real_peak
+
+
+def test_tensor_parallel_batch_of_one_unreduced_partial_gradient_is_noted(fake_pg: int) -> None:
+    """:func:`_batch_one_plan` on a short sequence the tp ranks do not divide (63): each
+    ``w1``'s and ``w3``'s multiply gathers its input and gives its gradient back
+    ``Partial()`` to the norm's operators that made the DTensor, which no style's
+    redistribution takes back. Torch's backward reduces it there by the operators' sharding
+    propagation: reduce-scatters, and the norm's statistics (63 rows, padded to 64)
+    all-gathered, which the plan leaves out, and its warning says so in those words; the
+    forward agrees at every row."""
+    assert fake_pg == 4
+    seq = UNEVEN_SEQ // 4
+    (real, _), (mine, _, tags) = _batch_one(seq, (_batch_one_plan, None))
+    back = next(i for i, (_, m) in enumerate(tags) if m == "output")
+    assert real[:back] == mine[:back]
+    stats = ("tp_all_gather", 64 * 4)
+    assert stats in [e[:2] for e in real[back:]] and stats not in [e[:2] for e in mine]
+    scatters = [sum(e[0] == "tp_reduce_scatter" for e in x[back:]) for x in (real, mine)]
+    assert scatters[0] > scatters[1]
+    with torch.device("meta"):
+        model = _build("none", seq)
+    report = fsdpviz.analyze(
+        model, _ids(seq), fully_shard=tp_models.LAYERS, mesh=("dp_shard", 1, "tp", 4),
+        parallelize_plan=_batch_one_plan(seq), loss=_loss, progress=False,
+    )  # fmt: skip
+    noted = {w.message.split(" (")[0].removeprefix("tensor parallelism: "): w.message
+             for w in report.warnings if w.code == "tp_implicit_redistribution"}  # fmt: skip
+    assert sorted(noted) == [f"layers.{n}.feed_forward.{w}" for n in (0, 1) for w in ("w1", "w3")]
+    said = ("gives its gradient back Partial()", "a reduce-scatter or an all-reduce",
+            "statistics gathered", "fsdpviz does not plan, nor their buffers")  # fmt: skip
+    assert all(all(s in m for s in said) for m in noted.values())
 
 
 # DTensor's mm strategies for other shapes of a batch of one (costed as on a GPU node of 8),

@@ -52,6 +52,7 @@ class FSDP2Host(Protocol):
     upcast: dict[str, Upcast]
     placed: dict[str, tuple[int, ...]]
     tp_chunks: dict[str, Fraction]
+    tp_ranks: int
     _cast: set[str]
     _fresh: dict[str, int]
     _reduce_ranks: dict[str, int]
@@ -79,6 +80,8 @@ class FSDP2Host(Protocol):
     def _moment(self, where: str, c: HookCall | None, e: Event | None = None) -> None: ...
     def _all_reduce_partial_grad(self, e: Event, c: HookCall) -> None: ...
     def _scatter_partial_grad(self, e: Event, c: HookCall) -> None: ...
+    def _pad_partial_grad(self, e: Event) -> None: ...
+    def _partial_grad_sizes(self, e: Event) -> tuple[int, int, int] | None: ...
     def _add(self, category: str, pool: str, n: int) -> None: ...
     def _alloc(self, category: str, pool: str, block: Block, n: int) -> None: ...
     def _free(self, category: str, pool: str, block: Block, n: int) -> None: ...
@@ -299,6 +302,30 @@ class FSDP2Steps:
         elif e.kind == "tp_reduce_scatter":
             self._scatter_partial_grad(e, c)
 
+    def _partial_grad_sizes(self: FSDP2Host, e: Event) -> tuple[int, int, int] | None:
+        """A post-backward's reduce-scatter ``e`` of a tp-sharded parameter's ``Partial()``
+        gradient: the gradient's bytes, its first rank's chunk's, and what
+        ``Shard._reduce_shard_tensor`` makes before it issues the collective where the tp
+        ranks do not divide dim 0 (``_split_tensor(..., with_padding=True)``: each chunk
+        shorter than the first padded, a copy, and their ``torch.cat``, the padded whole,
+        which the event's bytes are); None for another event."""
+        share = self.tp_chunks.get(e.module or "")
+        padded = e.nbytes or 0
+        if share is None or not padded or e.hook is None or e.kind != "tp_reduce_scatter":
+            return None
+        chunk = padded // self.tp_ranks
+        if not chunk:
+            return None
+        whole = int(chunk / share)
+        made = 0 if whole == padded else (self.tp_ranks - whole // chunk) * chunk + padded
+        return whole, chunk, made
+
+    def _pad_partial_grad(self: FSDP2Host, e: Event) -> None:
+        """What :meth:`_partial_grad_sizes` says torch makes before it issues ``e``."""
+        sizes = self._partial_grad_sizes(e) if self.fsdp2 else None
+        if sizes is not None and self.grads.get(e.unit):
+            self.cat["unsharded_grads"] += sizes[2]
+
     def _scatter_partial_grad(self: FSDP2Host, e: Event, c: HookCall) -> None:
         """FSDP2's post-backward, past ``e`` (the event stands where the collective is
         issued): a tp-sharded parameter's ``Partial()`` gradient (a batch of one's
@@ -307,16 +334,15 @@ class FSDP2Steps:
         ``DTensor.redistribute``, ``Partial._reduce_shard_value`` ->
         ``Shard._reduce_shard_tensor``: ``funcol.reduce_scatter_tensor`` makes the chunk
         beside its input), the whole one freed as ``.grad = None`` lets go of it, before the
-        next parameter's. A dim 0 the tp ranks do not divide is padded into a copy first,
-        which is not modelled."""
-        share = self.tp_chunks.get(e.module or "")
-        whole = e.nbytes or 0
-        if share is None or not whole or not self.grads.get(e.unit):
+        next parameter's. A dim 0 the tp ranks do not divide is padded first
+        (:meth:`_pad_partial_grad`), its buffers let go of once the collective returns."""
+        sizes = self._partial_grad_sizes(e)
+        if sizes is None or not self.grads.get(e.unit):
             return
-        chunk = whole * share.numerator // share.denominator
+        whole, chunk, made = sizes
         self.cat["unsharded_grads"] += chunk
         self._moment("at the reduce-scattered chunk of a partial gradient, after", c, e)
-        self.cat["unsharded_grads"] -= whole
+        self.cat["unsharded_grads"] -= whole + made
         self.grads[e.unit] -= whole - chunk
 
     def _cast_to_reduce_dtype(self: FSDP2Host, unit: str, c: HookCall) -> None:

@@ -122,7 +122,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         dims = cfg.mesh_dims
         self.tp = max(1, dims.tp // (prof.tp_ranks if prof else 1))
         # the parameters sharded on dim 0 over the tp ranks: the part of each a rank holds
-        self.tp_chunks = tp_chunk_shares(report)
+        self.tp_chunks, self.tp_ranks = tp_chunk_shares(report), dims.tp
         self.raf_int = cfg.post_forward_ranks
         self.replicas = dims.dp_replicate
         # FSDP2 on a 2-D mesh: foreach_reduce all-reduces across the replicas, one included
@@ -454,8 +454,8 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
                 self._no_shard_copy(e, s, c)  # NO_SHARD's copies: see [Note: NO_SHARD's copies]
         elif e.kind == "d2h":
             pass  # into the host buffer
-        elif e.kind in _ACTIVATIONS:
-            pass  # an activation's collective: its buffers are the compute's temporaries
+        elif e.kind in _ACTIVATIONS:  # an activation's: its buffers the compute's temporaries
+            self._pad_partial_grad(e)  # (a post-backward's partial gradient's: its padding)
         elif e.kind == "all_gather":
             n = s.all_gather if self.fsdp2 else s.unsharded
             self.pending[e.unit] = (n, e.prefetch)

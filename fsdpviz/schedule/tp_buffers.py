@@ -176,8 +176,10 @@ def all_to_all_buffers(
     ``s``; the kernel holds its three until it returns, the padded copy until the
     redistribution returns, the result alone after: at a batch of one either the send or
     the result is a view, so two buffers, three at a larger batch. A rank's tensor that is
-    not ``contiguous`` (a transpose) and needs no padding is copied contiguous first (the
-    same function), held as the padded copy is."""
+    not ``contiguous`` (a transpose) and whose ``s`` needs no padding is copied contiguous
+    first (the same function), held as the padded copy is: the first rank's chunk of ``g``
+    is never padded, so it is copied where the tp ranks do not divide ``g`` too (a
+    transposed gradient of 254 features over 4 ranks: 64 of them, contiguous)."""
     g, s = (src[1] or 0) % t.dim(), (dst[1] or 0) % t.dim()
     chunk_g, chunk_s = chunks(t.shape[g], tp)[0], chunks(t.shape[s], tp)[0]
     local = list(t.shape)  # the first rank's tensor as the kernel takes it
@@ -187,9 +189,8 @@ def all_to_all_buffers(
     gathered = list(t.shape)  # a buffer's shape, global: a chunk of s is a rank's share
     gathered[g] = chunk_g * tp
     with probe.redistributed(share_of(t, dst, tp)):
-        padded = t.new_empty(gathered) if chunk_s * tp != t.shape[s] else None
-        if padded is None and not contiguous and chunk_g * tp == t.shape[g]:
-            padded = t.new_empty(t.shape)
+        # the padded copy, or the contiguous one (the first rank's chunk of g: never padded)
+        padded = t.new_empty(gathered) if chunk_s * tp != t.shape[s] or not contiguous else None
         if issue is not None:  # (the kernel called)
             issue()
         sent = t.new_empty(gathered) if math.prod(local[:s]) > 1 else None

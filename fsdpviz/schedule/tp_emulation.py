@@ -32,6 +32,7 @@ import math
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -142,6 +143,7 @@ class TPEmulation:
         self._groups = groups
         # module -> its output's layout and the buffers its multiply's forward made (_batch_one)
         self._produced: dict[str, tuple[BatchOneMultiply, list[torch.Tensor]]] = {}
+        self._product_shares: dict[str, Fraction] = {}  # ... and the share of its product
         self._root = owner_index("", groups)  # the group of the loss's collectives
         self._running = ("", self._root)  # the plan's module begun last, and its group
         self._float8_in: dict[str, bool] = {}  # module -> whether its first input is float8
@@ -188,7 +190,7 @@ class TPEmulation:
             frozenset(f for f, m in self.plan.modules.items() if m.base == "RowwiseParallel"),
             self._whole_grads,  # _scattered_weight adds to it
             self._sharded_dtensor,
-            self._produced.keys(),  # _batch_one adds to it, _multiplied takes from it
+            self._product_shares,  # _batch_one adds to it, _multiplied takes from it
         )
 
     def _sharded_dtensor(self, t: torch.Tensor) -> bool:
@@ -546,6 +548,7 @@ class TPEmulation:
         where, size = (self.runtime, i, tpm.fqn, _dtype_name(t)), self.plan.size
         # the operands gathered held until the multiply ran; its product a share meanwhile
         self._produced[tpm.fqn] = (m, issued_forward(self._probe, m.forward, t, size, where))
+        self._product_shares[tpm.fqn] = m.product_share
         found = self._aliased(t, self._grads)
         if found is not None:
             found[1][0] = m.input_grad
@@ -558,7 +561,7 @@ class TPEmulation:
     def _scattered_weight(self, t: torch.Tensor, m: BatchOneMultiply, tpm: TPModule) -> None:
         weight = getattr(self._model.get_submodule(tpm.fqn), "weight", None)
         if m.weight_grad_partial and isinstance(weight, nn.Parameter):
-            scatter_partial_weight(self._groups, f"{tpm.fqn}.weight", weight, t)
+            scatter_partial_weight(self._groups, f"{tpm.fqn}.weight", weight, t, self.plan.size)
             self._whole_grads.add(weight)  # its Partial() gradient: whole on each rank
 
     def _multiplied(
@@ -569,6 +572,7 @@ class TPEmulation:
         gradient, then the input's, as autograd runs them: :func:`multiplied_backward`)
         report their redistributed operands and make their temporaries as torch does."""
         made = self._produced.pop(tpm.fqn, None)
+        self._product_shares.pop(tpm.fqn, None)
         if made is None:
             return None, output
         m, probe, size, dtype = made[0], self._probe, self.plan.size, _dtype_name(output)

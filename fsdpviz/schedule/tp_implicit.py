@@ -100,6 +100,18 @@ def topology_warning(tpm: TPModule, tp: int) -> str:
     )
 
 
+_UNREDUCED = (
+    "DTensor's operators that made the DTensor (no style redistributed it) reduce that "
+    "gradient by their own sharding propagation in backward: where an operator cannot take "
+    "it partial, a reduce-scatter or an all-reduce, and the redistributions of the tensors it "
+    "meets there (a normalisation's statistics gathered), collectives fsdpviz does not plan, "
+    "nor their buffers."
+)
+"""What a ``Partial()`` input gradient no style's ``Redistribute.backward`` takes back
+meets in torch (``rms_norm``'s arithmetic on a sequence-sharded DTensor: reduce-scatters,
+and its statistics all-gathered)."""
+
+
 def partial_grad_warning(tpm: TPModule, known: Layout) -> str:
     """The warning of a batch of one's multiply (:func:`batch_one_multiply`) whose input's
     gradient comes back ``Partial()`` where no style's ``Redistribute.backward`` takes it."""
@@ -107,10 +119,9 @@ def partial_grad_warning(tpm: TPModule, known: Layout) -> str:
     return (
         f"tensor parallelism: {tpm.fqn} ({tpm.style}) takes a DTensor in {layout} that its "
         "declared layouts leave to its linear's multiply, which gives its gradient back "
-        "Partial() (planned, as DTensor's mm strategies pick). DTensor's operators that made "
-        "the DTensor (no style redistributed it) reduce that gradient by their own sharding "
-        "propagation in backward, collectives fsdpviz does not plan. Declare the layout it "
-        f"arrives in, input_layouts=({layout},), so the style redistributes it explicitly"
+        f"Partial() (planned, as DTensor's mm strategies pick). {_UNREDUCED} Declare the "
+        f"layout it arrives in, input_layouts=({layout},), so the style redistributes it "
+        "explicitly (its backward reduce-scatters the gradient, planned)"
     )
 
 
@@ -120,18 +131,15 @@ def gathered_warning(tpm: TPModule, known: Layout, absorbed: bool) -> str:
     gradient no style's ``Redistribute.backward`` takes back (``absorbed``: one does), and
     its memory not exact."""
     layout = layout_name(known)
-    back = "" if absorbed else (
-        " DTensor's operators that made the DTensor (no style redistributed it) reduce that "
-        "gradient by their own sharding propagation in backward, collectives fsdpviz does "
-        "not plan."
-    )  # fmt: skip
+    back = "" if absorbed else f" {_UNREDUCED}"
     return (
         f"tensor parallelism: {tpm.fqn} ({tpm.style}) takes a DTensor in {layout} that its "
         "declared layouts leave to its linear's multiply, which gathers it in forward and "
         "again for the weight's gradient in backward and gives its gradient back Partial() "
         f"(planned).{back} Its memory is not exact: torch saves the multiply's input as a "
-        "rank's share (_StridedShard; a batch of one's Shard(0)) and gathers it into temporary "
-        "buffers, fsdpviz holds it gathered, whole, until backward (more than torch). "
+        "rank's share (_StridedShard: the linear's 2-D view of a tensor sharded on a dim "
+        "after a dim of more than one) and gathers it into temporary buffers, fsdpviz holds "
+        "it gathered, whole, until backward (more than torch). "
         f"Declare the layout it arrives in, input_layouts=({layout},), so the style gathers "
         "it (the same forward collective), which fsdpviz plans exactly"
     )
@@ -177,6 +185,14 @@ class BatchOneMultiply:
         input_grad: the layout the input's gradient comes back in.
         weight_grad_partial: whether the weight's gradient is ``Partial()`` (FSDP2's
             ``_get_grad_inner_tensor`` reduce-scatters it back to ``Shard(0)``).
+        product_share: the share of the forward's product one rank holds: its chunk of the
+            sequence where the product keeps the input's sharding (``Shard(0)`` viewed
+            2-D), of the weight's rows where it is ``Shard(1)``; they differ where the tp
+            ranks do not divide the sequence (16 of 62 rows over 4 ranks, 32 of 128
+            features).
+        weight_share: the share of the weight's rows (its ``Shard(0)`` chunk) one rank
+            holds, and of its gradient where that is not ``Partial()`` (64 of 254 rows over
+            4 ranks).
         topology_dependent: whether a strategy would differ on nodes on the other side of
             ``tp <= gpus_per_node`` (the tp group costed across hosts rather than within
             one, or the other way round:
@@ -189,6 +205,8 @@ class BatchOneMultiply:
     input_backward: tuple[Move, ...]
     input_grad: Layout
     weight_grad_partial: bool
+    product_share: Fraction
+    weight_share: Fraction
     topology_dependent: bool = False
 
     @property
@@ -291,6 +309,7 @@ def batch_one_multiply(
     return BatchOneMultiply(
         forward, sequence if fwd.output == s0 else ("shard", -1), more, backward,
         sequence if gi.output == s0 else PARTIAL, partial,
+        dim_share(rows if fwd.output == s0 else out, tp), dim_share(out, tp),
         any(topology_dependent(a, b, dtype, tp, gpus_per_node) for a, b in asked),
     )  # fmt: skip
 
@@ -329,7 +348,7 @@ def multiplied_backward(
         made = None if m.input_grad == PARTIAL or g.dim() == 0 else dim_share(rows, size)
         if probe is not None and weight_grad:  # Shard(0) (the weight's chunk) or Partial()
             probe.before_backward_mm(0, weight_side, None if m.weight_grad_partial else
-                                     Fraction(1, size))  # fmt: skip
+                                     m.weight_share)  # fmt: skip
         if probe is None or (not m.input_backward and made is None):
             input_side()
         else:
@@ -347,9 +366,11 @@ def moves_made(
     issue: Callable[[Move], None] | None = None,
 ) -> list[torch.Tensor]:
     """The buffers ``moves`` make, temporaries the multiply frees once it has run (the
-    caller holds them until then): whole for an all-gather; an all-to-all's as the GPU's
-    kernel makes them (:func:`~fsdpviz.schedule.tp_buffers.all_to_all_buffers`), its
-    result a rank's share."""
+    caller holds them until then): whole for an all-gather (a dim the tp ranks do not
+    divide gathered padded, ``Shard._to_replicate_tensor``, and cut to its size by a
+    ``narrow`` that keeps the padded buffer: 64 rows held of a sequence of 62 over 4
+    ranks); an all-to-all's as the GPU's kernel makes them
+    (:func:`~fsdpviz.schedule.tp_buffers.all_to_all_buffers`), its result a rank's share."""
     if probe is None:
         return []
     made = []
@@ -362,8 +383,10 @@ def moves_made(
             continue
         if issued is not None:
             issued()
-        with probe.redistributed(None):
-            made.append(like.new_empty(move.shape))
+        padded, d = list(move.shape), move.dim  # a dim the tp ranks do not divide, padded
+        padded[d] = -(-padded[d] // tp) * tp
+        with probe.redistributed(None):  # _maybe_unpad_tensor's narrow: the buffer held
+            made.append(like.new_empty(padded).narrow(d, 0, move.shape[d]))
     return made
 
 
@@ -412,13 +435,16 @@ def issued_forward(
 
 
 def scatter_partial_weight(
-    groups: list[Group], fqn: str, weight: torch.Tensor, like: torch.Tensor
+    groups: list[Group], fqn: str, weight: torch.Tensor, like: torch.Tensor, tp: int
 ) -> None:
     """A batch of one's weight ``fqn`` whose gradient its multiply leaves ``Partial()``
     (:attr:`BatchOneMultiply.weight_grad_partial`), in the compute dtype of ``like``: its
     group's post-backward reduce-scatters it to the weight's shard (FSDP2's
-    ``_get_grad_inner_tensor``), in the group's order of parameters."""
-    entry = (fqn, weight.numel() * like.element_size(), str(like.dtype).removeprefix("torch."))
+    ``_get_grad_inner_tensor``) over the ``tp`` ranks, in the group's order of parameters,
+    a dim 0 they do not divide padded (``Shard._reduce_shard_tensor``)."""
+    nbytes = weight.numel() * like.element_size()
+    nbytes = padded_bytes(nbytes, weight.shape, "tp_reduce_scatter", PARTIAL, ("shard", 0), tp)
+    entry = (fqn, nbytes, str(like.dtype).removeprefix("torch."))
     for g in groups:
         if any(p is weight for p in g.params) and entry not in g.tp_partial_grads:
             g.tp_partial_grads.append(entry)

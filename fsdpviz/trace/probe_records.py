@@ -99,7 +99,7 @@ class TPShares:
     replicated or partial one; a batch of one's column-wise weight whose multiply DTensor
     leaves its gradient ``Partial()``, which the tensor-parallel emulation adds to the set
     in forward, before the gradient is made), and the modules whose forward multiply of two
-    shares gives a rank's share (:attr:`sharded_products`)."""
+    shares gives a rank's share, and which (:attr:`product_shares`)."""
 
     size: int
     sharded_params: Mapping[torch.Tensor, Fraction]
@@ -109,10 +109,13 @@ class TPShares:
     # takes inside loss_parallel()
     is_dtensor: Callable[[torch.Tensor], bool] = field(default=lambda t: False)
     # the modules whose forward multiply of two shares is a rank's share, not a whole
-    # partial sum: a batch of one's column-wise linear whose weight DTensor's mm strategy
-    # gathers (the product keeps the input's sequence sharding, Shard(0) viewed 2-D); the
-    # tensor-parallel emulation adds to it in forward, before the multiply runs
-    sharded_products: AbstractSet[str] = frozenset()
+    # partial sum, with that share: a batch of one's column-wise linear whose multiply
+    # DTensor's mm strategies run on one operand gathered (the weight gathered: the product
+    # keeps the input's sequence sharding, Shard(0) viewed 2-D, a chunk of the sequence;
+    # the input gathered: Shard(1), the weight's chunk of its rows, which differ where the
+    # tp ranks do not divide the sequence); the tensor-parallel emulation adds to it in
+    # forward, before the multiply runs
+    product_shares: Mapping[str, Fraction] = field(default_factory=dict)
 
     def grad_bytes(self, p: torch.Tensor, n: int) -> int:
         """One rank's bytes of parameter ``p``'s gradient of ``n`` bytes: its share of the

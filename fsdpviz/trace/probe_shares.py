@@ -175,7 +175,9 @@ class ShareAccounting:
         if not forward and mats is not None and self._mm_made is not None:
             made, self._mm_made = self._mm_made, None  # (before_backward_mm's)
             return made
-        sharded = forward and stack and stack[-1] in self._tp.sharded_products
-        if mats is not None and not sharded and all(self._is_share(args[i]) for i in mats):
+        product = self._tp.product_shares.get(stack[-1]) if forward and stack else None
+        if mats is not None and product is not None:
+            return product
+        if mats is not None and all(self._is_share(args[i]) for i in mats):
             return None
         return self._inputs_share((args, kwargs))
