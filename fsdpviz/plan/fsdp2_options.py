@@ -43,9 +43,9 @@ class FSDP2Options:
     which checks the changed options again.
 
     Attributes:
-        dims: the job's ranks by mesh dimension (the mesh's, where ``mesh=`` is given), read
-            once by the parser: FSDP shards a group over ``dp_shard_cp`` (all ranks without
-            a mesh), ``hsdp`` where ``fully_shard`` gets a 2-D mesh (torch's
+        parallel_dims: the job's ranks by mesh dimension (the mesh's, where ``mesh=`` is
+            given), read once by the parser: FSDP shards a group over ``dp_shard_cp`` (all
+            ranks without a mesh), ``hsdp`` where ``fully_shard`` gets a 2-D mesh (torch's
             ``HSDPMeshInfo``, whose ``foreach_reduce`` all-reduces each gradient shard over
             the replicate dimension, one replica included: the mesh's dimensionality
             decides, not its size), and the tp and cp dimensions' sizes (FSDP shards over
@@ -65,10 +65,10 @@ class FSDP2Options:
         mesh_names: a 2-D data-parallel mesh's (HSDP's) replicate and shard dimensions'
             names, as ``init_device_mesh``'s ``mesh_dim_names`` (None: a 1-D mesh).
         offload: ``CPUOffloadPolicy``: shards, gradients, optimizer in host memory.
-        parallelize_plan, tp, tp_name, mesh_dims: tensor parallelism: ``parallelize_module``'s
+        parallelize_plan, tp, tp_name, mesh: tensor parallelism: ``parallelize_module``'s
             plan as given and as resolved on the traced copy (by the schedule, with
-            :meth:`replace`), the tp dimension's name (its size: ``dims.tp``), and the mesh
-            as given.
+            :meth:`replace`), the tp dimension's name (its size: ``parallel_dims.tp``), and
+            the mesh as given (``{name: size}``).
         job: the job around FSDP: gradient accumulation, torch.compile, float8, TF32
             (``plan/job.py``).
         torch: whose FSDP2 (``torch_version=``; default the installed torch's):
@@ -91,7 +91,7 @@ class FSDP2Options:
             where a group freed them after forward, and fsdpviz refuses it.
     """
 
-    dims: ParallelDims
+    parallel_dims: ParallelDims
     targets: Any
     reshard_after_forward: bool | int | dict[str, bool | int] | None
     mp_policy: MixedPrecisionPolicy
@@ -107,7 +107,7 @@ class FSDP2Options:
     parallelize_plan: Any = None
     tp: TPPlan | None = None
     tp_name: str = ""
-    mesh_dims: dict[str, int] | None = None
+    mesh: dict[str, int] | None = None
     job: JobOptions = field(default_factory=JobOptions)
     torch: TorchFSDP = field(default_factory=installed)
     reshard_after_backward: bool = True
@@ -116,8 +116,10 @@ class FSDP2Options:
     unshard_in_backward: bool | dict[str, bool] = True
 
     def __post_init__(self) -> None:
-        if self.dims.hsdp != (self.mesh_names is not None):
-            raise ConfigError("dims.hsdp and mesh_names disagree: HSDP is a 2-D mesh, named")
+        if self.parallel_dims.hsdp != (self.mesh_names is not None):
+            raise ConfigError(
+                "parallel_dims.hsdp and mesh_names disagree: HSDP is a 2-D mesh, named"
+            )
         _check_reshard(self.reshard_after_forward)
         check_unshard_in_backward(self.unshard_in_backward)
         for name in ("reshard_after_backward", "requires_all_reduce"):
@@ -135,8 +137,9 @@ class FSDP2Options:
 
     @property
     def world_size(self) -> int:
-        """The ranks of the job (the mesh's, where ``mesh=`` is given): ``dims.world_size``."""
-        return self.dims.world_size
+        """The ranks of the job (the mesh's, where ``mesh=`` is given):
+        ``parallel_dims.world_size``."""
+        return self.parallel_dims.world_size
 
     def reshard(self, group: Group) -> Group:
         """``group`` with its ``reshard_after_forward`` as these options give it for its
@@ -156,13 +159,13 @@ class FSDP2Options:
     def describe(self, groups: list[Group]) -> ReportConfig:
         """These options and the groups they made, as ``Report.config`` states them."""
         job, job_keys = self.job.config()
-        dims = self.dims
+        dims = self.parallel_dims
         multi = dims.hsdp or bool(self.tp) or dims.cp > 1
         mesh: dict[
             str, Any
         ] = {  # each stated where it is not a plain 1-D plan's (the config's default)
             "shard_world_size": dims.dp_shard_cp if multi else None,
-            "mesh": self._mesh(dims),
+            "mesh": self._stated_mesh(dims),
             "tp_world_size": dims.tp if self.tp else None,
             "parallelize_plan": self.tp.describe() if self.tp else None,
             "cp_world_size": dims.cp if dims.cp > 1 else None,
@@ -189,9 +192,9 @@ class FSDP2Options:
             stated=FSDP2_KEYS + non_default_keys(mesh) + job_keys + non_default_keys(accumulation),
         )
 
-    def _mesh(self, dims: ParallelDims) -> dict[str, int] | None:
-        if self.mesh_dims is not None and (self.tp or dims.cp > 1):
-            return dict(self.mesh_dims)
+    def _stated_mesh(self, dims: ParallelDims) -> dict[str, int] | None:
+        if self.mesh is not None and (self.tp or dims.cp > 1):
+            return dict(self.mesh)
         if self.mesh_names is None:
             return None
         return dict(zip(self.mesh_names, (dims.dp_replicate, dims.dp_shard_cp), strict=True))
@@ -315,7 +318,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
                         dp_shard=dp[-1] if dp else ws, cp=cp_size, tp=tp_size,
                         hsdp=hsdp)  # fmt: skip
     return FSDP2Options(
-        dims=dims,
+        parallel_dims=dims,
         targets=kwargs.get("fully_shard"),
         reshard_after_forward=raf,
         mp_policy=mp,
@@ -330,7 +333,7 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         offload=offload,
         parallelize_plan=plan,
         tp_name=tp_name,
-        mesh_dims=_named_dims(all_sizes, all_names, plan is not None),
+        mesh=_named_dims(all_sizes, all_names, plan is not None),
         job=job,
         torch=rules,
         reshard_after_backward=after_backward,

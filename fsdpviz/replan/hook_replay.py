@@ -151,7 +151,7 @@ def _shapes(report: Report) -> dict[str, list[int]]:
     for m in report.modules:
         for name, shape in m.params.items():
             out[f"{m.fqn}.{name}" if m.fqn else name] = list(shape)
-    tp = report.config.mesh_dims.tp
+    tp = report.config.parallel_dims.tp
     if tp > 1:
         for u in report.units:
             for p, placement in u.tp_placements.items():
@@ -300,7 +300,7 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     )
     # HSDP's replicas: the ranks over neither the shard nor the tp dimension; a 2-D data
     # parallel mesh all-reduces across them, one replica included
-    replayed = cfg.replace(world_size=ws, shard_world_size=shard, mesh=mesh).mesh_dims
+    replayed = cfg.replace(world_size=ws, shard_world_size=shard, mesh=mesh).parallel_dims
     f8 = report.config.float8 or {}
     gathered = {w for ws in float8_gathered(report).values() for w in ws}
     precomputed = bool(f8.get("precompute_float8_dynamic_scale_for_fsdp"))
@@ -422,7 +422,7 @@ def _mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict
     if "mesh" not in changes:
         ws = check_world_size(changes.get("world_size", cfg.ranks))
         if cfg.mesh is not None:
-            return ws, cfg.mesh_dims.dp_shard_cp, dict(cfg.mesh)
+            return ws, cfg.parallel_dims.dp_shard_cp, dict(cfg.mesh)
         return ws, ws, None
     given = changes["mesh"]
     sizes, names, cp = _kept_context_parallel(cfg, given)
@@ -451,11 +451,11 @@ def _kept_context_parallel(
     sequence and its ring attention."""
     sizes, names = mesh_dims(given, 4)
     cp, rest, rest_names = context_parallel_mesh(sizes, names)
-    if cp != cfg.mesh_dims.cp:
+    if cp != cfg.parallel_dims.cp:
         raise ConfigError(
             f"mesh={given!r} has context parallelism over {cp} rank(s) where the report has "
-            f"{cfg.mesh_dims.cp}, which a replay keeps (the trace ran each rank's share of every "
-            "sequence and its ring attention): keep the cp dimension as it is, or call "
+            f"{cfg.parallel_dims.cp}, which a replay keeps (the trace ran each rank's share of "
+            "every sequence and its ring attention): keep the cp dimension as it is, or call "
             "fsdpviz.analyze with the new mesh"
         )
     return rest, rest_names, cp
@@ -469,8 +469,8 @@ def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, d
     tensors (recomputed), its collectives' ranks, HSDP's replicas."""
     assert cfg.mesh is not None
     if "mesh" not in changes:
-        return cfg.ranks, cfg.mesh_dims.dp_shard_cp, dict(cfg.mesh)
-    given, mine = changes["mesh"], cfg.mesh_dims.tp
+        return cfg.ranks, cfg.parallel_dims.dp_shard_cp, dict(cfg.mesh)
+    given, mine = changes["mesh"], cfg.parallel_dims.tp
     dp_sizes, dp_names, cp = _kept_context_parallel(cfg, given)
     tp_name = list(cfg.mesh)[-1]
     if dp_sizes is None or not 2 <= len(dp_sizes) <= 3:

@@ -104,12 +104,12 @@ def analyze_fsdp2(
             CPEmulation(
                 groups,
                 runtime,
-                opts.dims.cp,
+                opts.parallel_dims.cp,
                 tracker,
                 compiled_names(copy, opts.job, compiled),
-                opts.dims.tp if opts.tp is not None else 1,
+                opts.parallel_dims.tp if opts.tp is not None else 1,
             )
-            if opts.dims.cp > 1
+            if opts.parallel_dims.cp > 1
             else None
         )
         probe: CostProbe | None = None
@@ -222,9 +222,9 @@ def check_unshard_in_backward(groups: list[Group], probe: CostProbe | None) -> N
 
 
 def _check_context_parallel(opts: FSDP2Options, device: str, profile: bool) -> None:
-    if opts.dims.cp <= 1:
+    if opts.parallel_dims.cp <= 1:
         return
-    if opts.tp is not None and opts.dims.tp > 1 and not profile:
+    if opts.tp is not None and opts.parallel_dims.tp > 1 and not profile:
         raise ConfigError(
             "context parallelism together with tensor parallelism is planned from the trace's "
             "profile (which tensors a rank holds a 1/tp share of: the heads its ring passes "
@@ -245,7 +245,7 @@ def parallelized(model: nn.Module, opts: FSDP2Options, plan: Any) -> tuple[FSDP2
     """``opts`` with ``parallelize_module``'s ``plan`` read on ``model`` (its float8 styles
     checked), and the parameters it leaves trainable as ``parallelize_module`` does
     (:meth:`~fsdpviz.plan.tensor_parallel.TPPlan.unfreeze`)."""
-    opts = opts.replace(tp=resolve_plan(model, plan, opts.dims.tp, opts.tp_name))
+    opts = opts.replace(tp=resolve_plan(model, plan, opts.parallel_dims.tp, opts.tp_name))
     assert opts.tp is not None
     job = opts.job
     recipe = job.float8.recipe_name if job.float8 else None
@@ -327,7 +327,7 @@ def _ignored(copy: nn.Module, groups: list[Group], opts: FSDP2Options) -> list[I
     params = dict(copy.named_parameters())
     out = []
     for q in infos:
-        shape = local_shape(q.shape, layouts.get(id(params[q.fqn])), opts.dims.tp)
+        shape = local_shape(q.shape, layouts.get(id(params[q.fqn])), opts.parallel_dims.tp)
         size = q.bytes // max(math.prod(q.shape), 1)
         out.append(replace(q, shape=shape, bytes=size * math.prod(shape)))
     return out

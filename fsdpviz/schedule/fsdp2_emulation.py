@@ -61,7 +61,7 @@ def float8_scales(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> 
         if id(p) in linears
     }
     units = [g.schema for g in groups if g.schema is not None]
-    tp = opts.tp is not None and opts.dims.tp > 1
+    tp = opts.tp is not None and opts.parallel_dims.tp > 1
     return weight_scales(units, weights, spec.precompute_float8_dynamic_scale_for_fsdp, tp)
 
 
@@ -69,7 +69,7 @@ def fsdp2_runtime(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> 
     """The runtime of ``opts``' plan of ``model`` in ``groups``, its explicit prefetches set:
     what every driver of FSDP2's hooks (a trace, a stored trace, a pipeline stage) runs."""
     scales = float8_scales(model, groups, opts)
-    runtime = FSDP2Runtime(groups, opts.dims, opts.offload, opts.torch, scales)
+    runtime = FSDP2Runtime(groups, opts.parallel_dims, opts.offload, opts.torch, scales)
     runtime.set_prefetch(
         prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
         prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),

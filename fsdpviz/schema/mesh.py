@@ -4,8 +4,8 @@ One object owns the rank arithmetic, as torchtitan's ``ParallelDims`` does: the 
 pipeline, data (replicate and shard), context and tensor parallelism, the job's world size,
 and what the rest of fsdpviz asks of them (the ranks FSDP shards a unit over, the replicas
 whose gradients are all-reduced, whether a plan is HSDP, the data-parallel ranks, the mesh
-as ``init_device_mesh`` takes it). A report's is :attr:`ReportConfig.mesh_dims
-<fsdpviz.schema.config.ReportConfig.mesh_dims>`, derived from the config's counts, never
+as ``init_device_mesh`` takes it). A report's is :attr:`ReportConfig.parallel_dims
+<fsdpviz.schema.config.ReportConfig.parallel_dims>`, derived from the config's counts, never
 stored.
 
 Example::

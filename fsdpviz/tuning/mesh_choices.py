@@ -82,7 +82,7 @@ class MeshChoices:
             "mesh",
             _pp_label(ParallelDims.filled(ranks, tp=tp, pp=pp)),
             given.copy(),
-            mesh=ParallelDims.filled(ranks),
+            parallel_dims=ParallelDims.filled(ranks),
             traced=True,
             pp=pp,
         )
@@ -129,7 +129,9 @@ class MeshChoices:
                     continue
             every = ParallelDims.filled(ranks)  # a pipeline's mesh: its degree is pp=
             out.append(
-                Choice("mesh", label, kw, samples=samples, mesh=every, traced=True, pp=degree)
+                Choice(
+                    "mesh", label, kw, samples=samples, parallel_dims=every, traced=True, pp=degree
+                )
             )
         return out
 
@@ -155,13 +157,15 @@ class MeshChoices:
         (torchtitan's ``dp_replicate x dp_shard x tp``: a node per shard group and its
         tensor-parallel ranks, where a node holds more than one shard)."""
         node = self.machine.gpus_per_node
-        out = [Choice("mesh", f"{ws} ranks", {"world_size": ws}, mesh=ParallelDims.filled(ws))]
+        out = [
+            Choice("mesh", f"{ws} ranks", {"world_size": ws}, parallel_dims=ParallelDims.filled(ws))
+        ]
         hsdp = self.api == "FSDP2" and ws > node and ws % node == 0
         if hsdp:
             h = ParallelDims.filled(ws, dp_replicate=-1, dp_shard=node)
             kw: TuneKwargs = {"mesh": h.mesh_arg}
             label = f"{ws} ranks (HSDP {h.dp_replicate} x {h.dp_shard})"
-            out.append(Choice("mesh", label, kw, mesh=h))
+            out.append(Choice("mesh", label, kw, parallel_dims=h))
         if self.api != "FSDP2" or plan is None:
             return out
         n_heads = heads(self.model)
@@ -174,13 +178,13 @@ class MeshChoices:
                 d = ParallelDims.filled(ws, tp=degree)
                 kw = {"mesh": d.mesh_arg, "parallelize_plan": plan}
                 label = f"{ws} ranks (FSDP {d.dp_shard} x TP {d.tp})"
-                out.append(Choice("mesh", label, kw, mesh=d))
+                out.append(Choice("mesh", label, kw, parallel_dims=d))
                 # a node per shard group and its tensor-parallel ranks
                 if hsdp and node % degree == 0 and node // degree > 1:
                     d = ParallelDims.filled(ws, dp_replicate=-1, dp_shard=node // degree, tp=degree)
                     kw = {"mesh": d.mesh_arg, "parallelize_plan": plan}
                     label = f"{ws} ranks (HSDP {d.dp_replicate} x {d.dp_shard} x TP {d.tp})"
-                    out.append(Choice("mesh", label, kw, mesh=d))
+                    out.append(Choice("mesh", label, kw, parallel_dims=d))
             degree *= 2
         return out
 
@@ -200,12 +204,12 @@ class MeshChoices:
         self.notes.append(f"the mesh stays as given ({dims}): tune has no context-parallel knob")
         label = f"{ranks} ranks ({dims})"
         mesh = ParallelDims.filled(ranks, cp=cp_degree(given), tp=tp)  # replicas in dp_shard
-        return Choice("mesh", label, given.copy(), mesh=mesh, traced=True)
+        return Choice("mesh", label, given.copy(), parallel_dims=mesh, traced=True)
 
     def _user_mesh(self, given: TuneKwargs, meshes: list[Choice]) -> Choice:
         ws0 = self.world_sizes[0]
         if "mesh" not in given:
-            return next(c for c in meshes if c.mesh.world_size == ws0)
+            return next(c for c in meshes if c.parallel_dims.world_size == ws0)
         wanted = _flat_mesh(given["mesh"])
         for c in meshes:
             if _flat_mesh(c.kwargs.get("mesh")) == wanted:

@@ -184,7 +184,7 @@ def _every_nth(spec: object) -> int | None:
 
 def titan_degrees(cfg: ReportConfig) -> ParallelDims:
     """The degrees of torchtitan's ``ParallelDims`` for the plan of ``cfg``: the report's
-    own (:attr:`~fsdpviz.schema.config.ReportConfig.mesh_dims`), whose product is the world
+    own (:attr:`~fsdpviz.schema.config.ReportConfig.parallel_dims`), whose product is the world
     size; FSDP1's ``NO_SHARD``, which all-reduces each gradient over every rank, as
     torchtitan's DDP (every data-parallel rank a replica, ``dp_shard`` 1).
 
@@ -192,7 +192,7 @@ def titan_degrees(cfg: ReportConfig) -> ParallelDims:
 
         titan_degrees(report.config)  # dp_replicate 1, dp_shard 4, cp 2 on a dp_shard x cp mesh
     """
-    dims = cfg.mesh_dims
+    dims = cfg.parallel_dims
     if dims.dp * dims.cp * dims.tp * dims.pp == dims.world_size:
         return dims
     return dataclasses.replace(dims, dp_replicate=dims.dp_cp // dims.cp, dp_shard=1)
