@@ -9,7 +9,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -193,11 +193,7 @@ class FSDP2Options:
         )
 
     def _stated_mesh(self, dims: ParallelDims) -> dict[str, int] | None:
-        if self.mesh is not None and (self.tp or dims.cp > 1):
-            return dict(self.mesh)
-        if self.mesh_names is None:
-            return None
-        return dict(zip(self.mesh_names, (dims.dp_replicate, dims.dp_shard_cp), strict=True))
+        return FSDP2Mesh(dims, self.mesh_names, self.tp_name, self.mesh).stated(bool(self.tp))
 
 
 def checked_mp_policy(mp: Any) -> MixedPrecisionPolicy:
@@ -276,9 +272,39 @@ def offloads(policy: Any) -> bool:
     return type(policy).__name__ == "CPUOffloadPolicy"
 
 
-def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
-    check_keywords(kwargs, "FSDP2", "FSDP2 option")
-    plan = kwargs.get("parallelize_plan")
+class FSDP2Mesh(NamedTuple):
+    """``mesh=`` as FSDP2 reads it (:func:`read_mesh`): the job's ranks by dimension, HSDP's
+    replicate and shard dimensions' names (None: one data-parallel dimension), the
+    tensor-parallel dimension's name ('' without) and every dimension by name as given (an
+    unnamed mesh's as torchtitan names them; None: no ``mesh=``)."""
+
+    parallel_dims: ParallelDims
+    hsdp_names: tuple[str, str] | None
+    tp_name: str
+    named: dict[str, int] | None
+
+    def stated(self, tp: bool) -> dict[str, int] | None:
+        """The mesh as ``Report.config`` states it: every dimension as given under tensor
+        (``tp``) or context parallelism, HSDP's replicate and shard dimensions (FSDP's
+        ``dp_shard_cp``), None for one data-parallel dimension."""
+        dims = self.parallel_dims
+        if self.named is not None and (tp or dims.cp > 1):
+            return dict(self.named)
+        if self.hsdp_names is None:
+            return None
+        return dict(zip(self.hsdp_names, (dims.dp_replicate, dims.dp_shard_cp), strict=True))
+
+
+def read_mesh(kwargs: Mapping[str, Any], plan: Any) -> FSDP2Mesh:
+    """``kwargs``' ``mesh=`` (and ``world_size=``, which must agree with it) as FSDP2 takes
+    it with ``parallelize_plan=plan``: one or two data-parallel dimensions (shard, or
+    replicate x shard: HSDP), a ``cp`` dimension after them, a tensor-parallel one last where
+    a plan is given; no mesh: ``world_size`` ranks in one dimension.
+
+    Example::
+
+        read_mesh({"mesh": ("dp_replicate", 2, "dp_shard", 4)}, None).parallel_dims.hsdp  # True
+    """
     mesh = kwargs.get("mesh")
     all_sizes, all_names = mesh_dims(mesh, 4)
     cp_size, dp_sizes, dp_names = context_parallel_mesh(all_sizes, all_names)
@@ -296,6 +322,22 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     if hsdp and not names:
         names = ("replicate", "shard")
     ws = mesh_ranks(kwargs, all_sizes) if all_sizes is not None else world_size(kwargs)
+    dims = ParallelDims(world_size=ws, dp_replicate=dp[0] if hsdp else 1,
+                        dp_shard=dp[-1] if dp else ws, cp=cp_size, tp=tp_size,
+                        hsdp=hsdp)  # fmt: skip
+    return FSDP2Mesh(
+        dims,
+        (str(names[0]), str(names[1])) if hsdp else None,
+        tp_name,
+        _named_dims(all_sizes, all_names, plan is not None),
+    )
+
+
+def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
+    check_keywords(kwargs, "FSDP2", "FSDP2 option")
+    plan = kwargs.get("parallelize_plan")
+    mesh = read_mesh(kwargs, plan)
+    hsdp = mesh.parallel_dims.hsdp
     offload = offloads(kwargs.get("offload_policy"))
     mp = checked_mp_policy(kwargs.get("mp_policy"))
     raf = _check_reshard(kwargs.get("reshard_after_forward"))
@@ -314,11 +356,8 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
             "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
             "mesh; this plan has none (pass mesh=(replicas, shard ranks))"
         )
-    dims = ParallelDims(world_size=ws, dp_replicate=dp[0] if hsdp else 1,
-                        dp_shard=dp[-1] if dp else ws, cp=cp_size, tp=tp_size,
-                        hsdp=hsdp)  # fmt: skip
     return FSDP2Options(
-        parallel_dims=dims,
+        parallel_dims=mesh.parallel_dims,
         targets=kwargs.get("fully_shard"),
         reshard_after_forward=raf,
         mp_policy=mp,
@@ -329,11 +368,11 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         trace=trace,
         progress=kwargs.get("progress"),
         activation_checkpointing=kwargs.get("activation_checkpointing"),
-        mesh_names=(str(names[0]), str(names[1])) if hsdp else None,
+        mesh_names=mesh.hsdp_names,
         offload=offload,
         parallelize_plan=plan,
-        tp_name=tp_name,
-        mesh=_named_dims(all_sizes, all_names, plan is not None),
+        tp_name=mesh.tp_name,
+        mesh=mesh.named,
         job=job,
         torch=rules,
         reshard_after_backward=after_backward,
