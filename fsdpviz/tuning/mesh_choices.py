@@ -25,7 +25,7 @@ from fsdpviz.schedule.pipeline_order import rank_actions
 from fsdpviz.schema.mesh import ParallelDims
 from fsdpviz.tuning.space import PIPELINE_SCHEDULES, Choice, TuneKwargs, divisors, heads
 
-__all__ = ["MeshChoices", "cp_degree", "mesh_ranks", "pipelined", "tp_degree"]
+__all__ = ["MeshChoices", "given_dims", "mesh_ranks", "pipelined"]
 
 _PP_DIMS = frozenset({"pp", "dp_shard", "tp"})  # the meshes whose pp degree tune turns
 
@@ -74,10 +74,9 @@ class MeshChoices:
         with the degree, so the global batch and the tokens per rank per step stay. A degree
         is tried where its batch is whole and torchtitan's default split and the schedule
         take it; the pairs a schedule refuses go to ``refused``, each with a note."""
-        sizes, names = mesh_dims(given["mesh"], 4)
-        ranks = mesh_ranks(given["mesh"])
-        dims = dict(zip(names, sizes or (), strict=True))
-        pp, tp = int(dims.get("pp", 1)), int(dims.get("tp", 1))
+        _, names = mesh_dims(given["mesh"], 4)
+        user = given_dims(given)
+        ranks, pp, tp = user.world_size, user.pp, user.tp
         mine = Choice(
             "mesh",
             _pp_label(ParallelDims.filled(ranks, tp=tp, pp=pp)),
@@ -193,18 +192,18 @@ class MeshChoices:
         share each sequence are the job's, not a knob of tune's (its inputs are the whole
         sequences, its loss the share of each rank)."""
         sizes, names = mesh_dims(given["mesh"], 4)
-        ranks = mesh_ranks(given["mesh"])
+        user = given_dims(given)
+        ranks = user.world_size
         if self.world_sizes != [ranks]:
             raise ConfigError(
                 f"the mesh {given['mesh']!r} has {ranks} ranks, and tune keeps a "
                 f"context-parallel mesh as given: leave world_size out or give {ranks}"
             )
-        tp = tp_degree(given)
         dims = " x ".join(f"{n} {v}" for n, v in zip(names, sizes or (), strict=True))
         self.notes.append(f"the mesh stays as given ({dims}): tune has no context-parallel knob")
         label = f"{ranks} ranks ({dims})"
-        mesh = ParallelDims.filled(ranks, cp=cp_degree(given), tp=tp)  # replicas in dp_shard
-        return Choice("mesh", label, given.copy(), parallel_dims=mesh, traced=True)
+        # its replicas in dp_shard
+        return Choice("mesh", label, given.copy(), parallel_dims=user, traced=True)
 
     def _user_mesh(self, given: TuneKwargs, meshes: list[Choice]) -> Choice:
         ws0 = self.world_sizes[0]
@@ -249,22 +248,20 @@ def _pp_label(dims: ParallelDims) -> str:
     return f"{dims.world_size} ranks ({' x '.join(parts)})"
 
 
-def tp_degree(given: Mapping[str, Any]) -> int:
-    """The tensor-parallel degree of the user's ``mesh=`` (its last dimension; 1: no
-    ``parallelize_plan``), of a mesh with a context-parallel dimension too
-    (``("dp_replicate", 2, "dp_shard", 2, "cp", 2, "tp", 2)``)."""
-    if "parallelize_plan" not in given or "mesh" not in given:
-        return 1
-    sizes, _ = mesh_dims(given["mesh"], 4)
-    return int(sizes[-1]) if sizes else 1
-
-
-def cp_degree(given: Mapping[str, Any]) -> int:
-    """The context-parallel degree of the user's ``mesh=`` (1: none)."""
+def given_dims(given: Mapping[str, Any]) -> ParallelDims:
+    """The user's ``mesh=`` by dimension, as tune keeps it: a ``pp`` dimension (a pipeline
+    job's degree), a context-parallel one (``cp``), the tensor-parallel one (the last, where
+    a ``parallelize_plan`` is given, with a cp dimension too: ``("dp_replicate", 2,
+    "dp_shard", 2, "cp", 2, "tp", 2)``), and the data-parallel ranks the others leave, all
+    in ``dp_shard``; one rank where no mesh is given."""
     if given.get("mesh") is None:
-        return 1
+        return ParallelDims()
     sizes, names = mesh_dims(given["mesh"], 4)
-    return context_parallel_mesh(sizes, names)[0]
+    assert sizes is not None
+    pp = sizes[names.index("pp")] if "pp" in names else 1
+    tp = sizes[-1] if "parallelize_plan" in given else 1
+    cp = context_parallel_mesh(sizes, names)[0]
+    return ParallelDims.filled(math.prod(sizes), cp=cp, tp=tp, pp=pp)
 
 
 def _flat_mesh(mesh: Any) -> list[Any]:
