@@ -132,6 +132,15 @@ def test_product_stated_and_post_forward() -> None:
     assert ParallelDims.filled(16, cp=2).post_forward(4) == (4, 4)  # of dp_shard x cp
 
 
+def test_meshed_degrees_make_the_world_size() -> None:
+    """FSDP1's ``NO_SHARD`` (neither shard nor replicas) as DDP: every rank a replica; degrees
+    whose product is the world size as they are."""
+    ddp = ParallelDims.fsdp1(8, 8, "NO_SHARD").meshed
+    assert (ddp.dp_replicate, ddp.dp_shard, ddp.world_size, ddp.hsdp) == (8, 1, 8, False)
+    hsdp = ParallelDims.fsdp1(8, 4, "HYBRID_SHARD")
+    assert hsdp.meshed is hsdp
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from fsdpviz.errors import ConfigError
 
@@ -181,6 +181,21 @@ class ParallelDims:
         dp_shard x cp`` (torchtitan's ``dp_cp``, the loss's all-reduce), taken from
         ``world_size`` (FSDP1's ``NO_SHARD`` all-reduces over these ranks)."""
         return self.world_size // (self.tp * self.pp)
+
+    @property
+    def meshed(self) -> ParallelDims:
+        """These degrees as a mesh of them has them, their product ``world_size``: where
+        they fall short (FSDP1's ``NO_SHARD``, which all-reduces each gradient over its
+        whole group), every data-parallel rank a replica and ``dp_shard`` 1, as
+        torchtitan's DDP.
+
+        Example::
+
+            ParallelDims.fsdp1(8, 8, "NO_SHARD").meshed.dp_replicate  # 8
+        """
+        if self.dp * self.cp * self.tp * self.pp == self.world_size:
+            return self
+        return replace(self, dp_replicate=self.dp_cp // self.cp, dp_shard=1)
 
     def post_forward(self, ranks: int) -> tuple[int, int]:
         """FSDP2's shard group as resharding to ``ranks`` after forward splits it for the
