@@ -339,15 +339,12 @@ def check_stages(model: nn.Module, stages: list[list[str]], warnings: list[FsdpW
                 )
             seen[n] = s
     left = [n for n in [*before, *layers, *after] if n not in seen and _has_params(model, n)]
-    if left:
-        warnings.append(
-            FsdpWarning(
-                "modules_in_no_stage",
-                "These modules hold parameters and are in no pipeline stage, so no stage runs "
-                "them (torchtitan's split drops them): " + ", ".join(repr(n) for n in left),
-                left,
-            )
-        )
+    warnings += FsdpWarning.naming(
+        "modules_in_no_stage",
+        "These modules hold parameters and are in no pipeline stage, so no stage runs "
+        "them (torchtitan's split drops them): ",
+        left,
+    )
 
 
 def _has_params(model: nn.Module, name: str) -> bool:

@@ -408,56 +408,41 @@ def group_warnings(
     incomplete: list[str],
 ) -> list[FsdpWarning]:
     out: list[FsdpWarning] = []
-    if view_outputs:
-        warns = "FSDP2 warns" if opts.torch.warns_view_output else "FSDP2 of torch 2.13+ warns"
-        out.append(
-            FsdpWarning(
-                "view_output",
-                f"These fully_shard modules return a view tensor ({warns}): an in-place op "
-                "on it (x += y) silently drops the pre-backward hook and skips the all-gather. "
-                "Use out-of-place ops or .clone() the output: "
-                + ", ".join(repr(n) for n in view_outputs),
-                view_outputs,
-            )
-        )
-    if incomplete:
-        out.append(
-            FsdpWarning(
-                "grouped_forward_incomplete",
-                f"Some modules of these grouped fully_shard calls did not run forward before "
-                f"backward, so FSDP2 of {opts.torch.name} never ran their post-forward: the "
-                "parameters stay unsharded until the end of backward and their pre-backward "
-                "hooks are never registered (FSDP2 warns; torch 2.13 completes such a group "
-                "in the root's post-forward). Group only modules that run forward together: "
-                + ", ".join(repr(n) for n in incomplete),
-                incomplete,
-            )
-        )
+    warns = "FSDP2 warns" if opts.torch.warns_view_output else "FSDP2 of torch 2.13+ warns"
+    out += FsdpWarning.naming(
+        "view_output",
+        f"These fully_shard modules return a view tensor ({warns}): an in-place op "
+        "on it (x += y) silently drops the pre-backward hook and skips the all-gather. "
+        "Use out-of-place ops or .clone() the output: ",
+        view_outputs,
+    )
+    out += FsdpWarning.naming(
+        "grouped_forward_incomplete",
+        f"Some modules of these grouped fully_shard calls did not run forward before "
+        f"backward, so FSDP2 of {opts.torch.name} never ran their post-forward: the "
+        "parameters stay unsharded until the end of backward and their pre-backward "
+        "hooks are never registered (FSDP2 warns; torch 2.13 completes such a group "
+        "in the root's post-forward). Group only modules that run forward together: ",
+        incomplete,
+    )
     ran = set(forward_order)
     unused = [g.name for g in groups if g.params and g.name not in ran]
-    if unused:
-        out.append(
-            FsdpWarning(
-                "unit_unused_in_forward",
-                "These fully_shard groups never ran in the forward, so FSDP2 never all-gathers "
-                "them: " + ", ".join(repr(n) for n in unused),
-                unused,
-            )
-        )
+    out += FsdpWarning.naming(
+        "unit_unused_in_forward",
+        "These fully_shard groups never ran in the forward, so FSDP2 never all-gathers them: ",
+        unused,
+    )
     mixed = [
         g.name
         for g in groups
         if g.schema is not None and g.schema.requires_grad is None and g.params
     ]
-    if mixed:
-        out.append(
-            FsdpWarning(
-                "frozen_mixed",
-                "These groups mix frozen and trainable parameters; only the trainable ones "
-                "are reduce-scattered: " + ", ".join(repr(n) for n in mixed),
-                mixed,
-            )
-        )
+    out += FsdpWarning.naming(
+        "frozen_mixed",
+        "These groups mix frozen and trainable parameters; only the trainable ones "
+        "are reduce-scattered: ",
+        mixed,
+    )
     return out
 
 
