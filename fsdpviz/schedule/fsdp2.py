@@ -25,7 +25,7 @@ from fsdpviz.plan.tensor_parallel import (
     unfrozen_warning,
 )
 from fsdpviz.schedule.cp_emulation import CPEmulation, compiled_names, shard_sequence
-from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
+from fsdpviz.schedule.fsdp2_emulation import emulations
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.micro_steps import run_micro_steps
 from fsdpviz.schedule.tp_emulation import TPEmulation
@@ -87,14 +87,8 @@ def analyze_fsdp2(
         groups = plan_groups(copy, opts, originals, original_params(model, mapping), ignored)
     check_groups(copy, groups, opts)
     _check_context_parallel(opts, device, profile)
-    emulation = FSDP2Emulation(copy, groups, opts)
+    emulation, tp = emulations(copy, groups, opts, gpus_per_node)
     runtime = emulation.runtime
-    # parallelize_module's hooks run after FSDP2's pre-forward and before its post-forward
-    tp = (
-        TPEmulation(copy, opts.tp, groups, runtime, opts.job, gpus_per_node)
-        if opts.tp is not None
-        else None
-    )
     n_modules = sum(1 for _ in copy.modules())
     where = "the meta device" if device == "meta" else "the model's device"
     with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:

@@ -24,6 +24,7 @@ from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.torch_fsdp import grad_tensors, replace_grad_tensors
 from fsdpviz.schedule.fsdp2_runtime import Float8Scales, FSDP2Runtime, weight_scales
+from fsdpviz.schedule.tp_emulation import TPEmulation
 
 
 class _PostBackward(torch.autograd.Function):
@@ -75,6 +76,20 @@ def fsdp2_runtime(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> 
         prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
     )
     return runtime
+
+
+def emulations(
+    model: nn.Module, groups: list[Group], opts: FSDP2Options, gpus_per_node: int | None
+) -> tuple[FSDP2Emulation, TPEmulation | None]:
+    """FSDP2's hooks on ``model`` and, under tensor parallelism, ``parallelize_module``'s,
+    whose hooks run after FSDP2's pre-forward and before its post-forward, both reporting
+    to the one runtime (``gpus_per_node``: the machine's, for DTensor's mm strategies)."""
+    emulation = FSDP2Emulation(model, groups, opts)
+    if opts.tp is None:
+        return emulation, None
+    return emulation, TPEmulation(
+        model, opts.tp, groups, emulation.runtime, opts.job, gpus_per_node
+    )
 
 
 class FSDP2Emulation:
