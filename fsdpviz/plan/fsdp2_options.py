@@ -306,7 +306,7 @@ def read_mesh(kwargs: Mapping[str, Any], plan: Any) -> FSDP2Mesh:
         read_mesh({"mesh": ("dp_replicate", 2, "dp_shard", 4)}, None).parallel_dims.hsdp  # True
     """
     mesh = kwargs.get("mesh")
-    all_sizes, all_names = mesh_dims(mesh, 4)
+    all_sizes, all_names = parse_mesh(mesh, 4)
     cp_size, dp_sizes, dp_names = context_parallel_mesh(all_sizes, all_names)
     if dp_sizes is not None and len(dp_sizes) > (3 if plan is not None else 2):
         raise ConfigError(_MESH_HELP.format(got=repr(mesh)))
@@ -442,7 +442,7 @@ def _named_dims(
     return dict(zip(names, sizes, strict=True))
 
 
-def mesh_dims(mesh: Any, most: int) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
+def parse_mesh(mesh: Any, most: int) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
     """The sizes and names (possibly none) of ``mesh=`` with at most ``most`` dimensions
     (three with a tensor-parallel dimension: ``("dp_replicate", 2, "dp_shard", 16, "tp",
     8)``)."""

@@ -36,7 +36,7 @@ from typing import Any
 from torch import nn
 
 from fsdpviz.errors import ConfigError, did_you_mean
-from fsdpviz.plan.fsdp2_options import mesh_dims
+from fsdpviz.plan.fsdp2_options import parse_mesh
 from fsdpviz.schema.pipeline import SINGLE_STAGE_SCHEDULES, V_SCHEDULES
 from fsdpviz.schema.report import FsdpWarning
 
@@ -91,7 +91,7 @@ def split_pipeline_mesh(kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """The pipeline ranks of ``mesh=`` (its ``pp`` dimension, the outermost, as torchtitan's
     ``ParallelDims`` builds it) and ``kwargs`` with the mesh of the other dimensions."""
     rest = dict(kwargs)
-    sizes, names = mesh_dims(kwargs.get("mesh"), 4)
+    sizes, names = parse_mesh(kwargs.get("mesh"), 4)
     if sizes is None or "pp" not in names:
         raise ConfigError(
             "pipeline parallelism needs a mesh with a 'pp' dimension, the outermost: "

@@ -58,7 +58,7 @@ from fsdpviz.plan.fsdp1 import optimizer_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices
 from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_dtype, restate_resharding
-from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims, offloads, read_mesh
+from fsdpviz.plan.fsdp2_options import context_parallel_mesh, offloads, parse_mesh, read_mesh
 from fsdpviz.plan.fsdp2_shards import shard_fields
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.torch_fsdp import torch_fsdp
@@ -464,7 +464,7 @@ def _mesh(
 def _kept_context_parallel(cfg: ReportConfig, given: Any) -> tuple[int, ...] | None:
     """The sizes of ``mesh=`` of a replay without its cp dimension, whose size must be the
     report's: the trace ran each rank's share of every sequence and its ring attention."""
-    sizes, names = mesh_dims(given, 4)
+    sizes, names = parse_mesh(given, 4)
     cp, rest, _ = context_parallel_mesh(sizes, names)
     if cp != cfg.parallel_dims.cp:
         raise ConfigError(

@@ -14,7 +14,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError, FsdpvizError
-from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims
+from fsdpviz.plan.fsdp2_options import context_parallel_mesh, parse_mesh
 from fsdpviz.plan.pipeline import (
     DEFAULT_SCHEDULE,
     parse_pipeline_options,
@@ -74,7 +74,7 @@ class MeshChoices:
         with the degree, so the global batch and the tokens per rank per step stay. A degree
         is tried where its batch is whole and torchtitan's default split and the schedule
         take it; the pairs a schedule refuses go to ``refused``, each with a note."""
-        _, names = mesh_dims(given["mesh"], 4)
+        _, names = parse_mesh(given["mesh"], 4)
         user = given_dims(given)
         ranks, pp, tp = user.world_size, user.pp, user.tp
         mine = Choice(
@@ -191,7 +191,7 @@ class MeshChoices:
         """The user's mesh with a context-parallel dimension, kept as given: the ranks that
         share each sequence are the job's, not a knob of tune's (its inputs are the whole
         sequences, its loss the share of each rank)."""
-        sizes, names = mesh_dims(given["mesh"], 4)
+        sizes, names = parse_mesh(given["mesh"], 4)
         user = given_dims(given)
         ranks = user.world_size
         if self.world_sizes != [ranks]:
@@ -256,7 +256,7 @@ def given_dims(given: Mapping[str, Any]) -> ParallelDims:
     in ``dp_shard``; one rank where no mesh is given."""
     if given.get("mesh") is None:
         return ParallelDims()
-    sizes, names = mesh_dims(given["mesh"], 4)
+    sizes, names = parse_mesh(given["mesh"], 4)
     assert sizes is not None
     pp = sizes[names.index("pp")] if "pp" in names else 1
     tp = sizes[-1] if "parallelize_plan" in given else 1
@@ -267,5 +267,5 @@ def given_dims(given: Mapping[str, Any]) -> ParallelDims:
 def _flat_mesh(mesh: Any) -> list[Any]:
     if mesh is None:
         return []
-    sizes, names = mesh_dims(mesh, 3)
+    sizes, names = parse_mesh(mesh, 3)
     return [*names, *(sizes or ())]
