@@ -36,7 +36,7 @@ from typing import Any
 from torch import nn
 
 from fsdpviz.errors import ConfigError, did_you_mean
-from fsdpviz.plan.fsdp2_options import parse_mesh
+from fsdpviz.plan.fsdp2_options import mesh_ranks, parse_mesh
 from fsdpviz.schema.pipeline import SINGLE_STAGE_SCHEDULES, V_SCHEDULES
 from fsdpviz.schema.report import FsdpWarning
 
@@ -109,13 +109,8 @@ def split_pipeline_mesh(kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
             "mesh=('pp', P, 'dp_shard', 1) for pipeline parallelism without sharding"
         )
     rest["mesh"] = tuple(x for pair in zip(names[1:], sizes[1:], strict=True) for x in pair)
-    if "world_size" in rest:
-        total = math.prod(sizes)
-        if rest.pop("world_size") != total:
-            raise ConfigError(
-                f"world_size={kwargs['world_size']!r} but the mesh has {total} ranks "
-                f"({' x '.join(map(str, sizes))}); give one of them"
-            )
+    mesh_ranks(kwargs, sizes)  # a world_size given agrees with the mesh
+    rest.pop("world_size", None)
     return sizes[0], rest
 
 
