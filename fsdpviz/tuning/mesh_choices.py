@@ -202,7 +202,7 @@ class MeshChoices:
         dims = " x ".join(f"{n} {v}" for n, v in zip(names, sizes or (), strict=True))
         self.notes.append(f"the mesh stays as given ({dims}): tune has no context-parallel knob")
         label = f"{ranks} ranks ({dims})"
-        # its replicas in dp_shard
+        # (given_dims counts its replicas in dp_shard)
         return Choice("mesh", label, given.copy(), parallel_dims=user, traced=True)
 
     def _user_mesh(self, given: TuneKwargs, meshes: list[Choice]) -> Choice:
