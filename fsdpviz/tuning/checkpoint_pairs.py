@@ -46,6 +46,15 @@ Batch = dict[Key, tuple[Config, bool]]
 the one as given."""
 
 
+def _with(
+    key: Key, own: int, config: Config, choice: Choice, key_of: Callable[[Config], Key]
+) -> Sibling:
+    """``config`` with ``choice`` for checkpointing, and its trace key: ``key_of``'s, with
+    what ``key`` (``config``'s trace key) adds after its first ``own`` entries."""
+    sibling = {**config, _KNOB: choice}
+    return (*key_of(sibling), *key[own:]), sibling
+
+
 class PairSearch(Protocol):
     """What the pairs ask of their search (:class:`~fsdpviz.tuning.evaluation.Evaluations`)."""
 
@@ -111,11 +120,8 @@ class CheckpointPairs:
         own = key_of(config)
         if blocks is None or none is None or each is None or key[: len(own)] != own:
             return None
-        out = []
-        for choice in (none, each):
-            sibling = {**config, _KNOB: choice}
-            out.append(((*key_of(sibling), *key[len(own) :]), sibling))
-        return out[0], out[1], spec.every
+        without, with_each = (_with(key, len(own), config, c, key_of) for c in (none, each))
+        return without, with_each, spec.every
 
     def derive(
         self, key: Key, config: Config, trace: Callable[[Key, Config], Any]
@@ -209,7 +215,7 @@ class CheckpointPairs:
                 continue
             if not isinstance(other.modules, (list, tuple)) or list(other.modules) != blocks:
                 continue
-            sibling = (*self.search.trace_key({**config, _KNOB: choice}), *key[len(own) :])
+            sibling, _ = _with(key, len(own), config, choice, self.search.trace_key)
             if self.search.trace_of(sibling) is None:
                 out.add(other.every)
         return out
