@@ -9,7 +9,6 @@ after the check; tune's own flags, which the parser takes, are in
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -18,7 +17,6 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from fsdpviz._options_cli import UsageError
 from fsdpviz._options_kwargs import analyze_kwargs
 from fsdpviz.errors import did_you_mean
-from fsdpviz.plan.fsdp2_options import mesh_dims
 from fsdpviz.schema.memory import size_text
 from fsdpviz.tuning import KNOBS, tune
 from fsdpviz.tuning.space import KNOB_NAMES
@@ -69,7 +67,7 @@ def run_tune(
     return tune(
         model,
         inputs,
-        world_size=sizes or ([world] if world is not None else _mesh_ranks(kwargs)),
+        world_size=sizes or world,  # None: the mesh's ranks
         machine=machine,
         allow=args.allow,
         knobs=[k for k in KNOBS if k not in args.pin],
@@ -106,11 +104,6 @@ def _as_fsdp2(kwargs: AnalyzeKwargs, wraps: Sequence[type[nn.Module]]) -> Analyz
             param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype
         )
     return out
-
-
-def _mesh_ranks(kwargs: AnalyzeKwargs) -> list[int]:
-    sizes, _ = mesh_dims(kwargs["mesh"], 4)
-    return [math.prod(sizes or (8,))]
 
 
 def frontier_table(tuning: Any) -> str:

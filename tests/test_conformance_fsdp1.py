@@ -253,7 +253,7 @@ def test_hybrid_sharding_with_one_replica_all_reduces_over_one_rank(
     predicted = fsdpviz.analyze(model, x, world_size=fake_pg, shard_group_size=fake_pg, **kw)
     assert_same_schedule(real, predicted)
     reduced = [e for e in predicted.iterations[0] if e.kind == "all_reduce"]
-    assert len(reduced) == len(predicted.units) and predicted.config.mesh_dims.dp_replicate == 1
+    assert len(reduced) == len(predicted.units) and predicted.config.parallel_dims.dp_replicate == 1
     timed = [r for r in predicted.timeline.events if r["kind"] == "all_reduce"]
     assert timed and all(r["end"] == r["start"] for r in timed)
 

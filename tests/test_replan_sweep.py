@@ -162,6 +162,22 @@ def test_replays_of_drawn_option_sets_equal_analyze(api: str) -> None:
         _identical(_analyze(**{**base, **changes}), replay(_analyze(**base), **changes))
 
 
+def test_an_fsdp2_replay_reads_mesh_as_analyze_does() -> None:
+    """A replay reads ``mesh=`` as analyze does: HSDP's dimensions named as given, and a tp
+    dimension refused on a plan without ``parallelize_plan``, as analyze refuses it."""
+    calls = [DecoderLayer, ("embed_tokens", "lm_head")]
+    base = _analyze(fully_shard=calls, world_size=4)
+    for mesh in [("dp_replicate", 2, "dp_shard", 4), (2, 4), ("dp_shard", 8)]:
+        fresh = _analyze(fully_shard=calls, mesh=mesh)
+        got = replay(base, mesh=mesh)
+        _same(fresh, got)
+        assert got.config.mesh == fresh.config.mesh
+    for analyzed in (lambda: _analyze(fully_shard=calls, mesh=("dp_shard", 4, "tp", 2)),
+                     lambda: replay(base, mesh=("dp_shard", 4, "tp", 2))):  # fmt: skip
+        with pytest.raises(fsdpviz.ConfigError, match="the mesh has a 'tp' dimension"):
+            analyzed()
+
+
 def test_replay_refuses_what_needs_a_new_trace() -> None:
     base = _analyze(auto_wrap_policy=POLICY, world_size=4)
     with pytest.raises(

@@ -118,7 +118,7 @@ def test_each_rank_reports_its_stages_and_every_microbatch() -> None:
     assert [u.module for u in rank1.units] == ["layers.2", "layers.3", "norm, output"]
     assert rank1.config.pp_rank == 1 and rank1.config.world_size == 4
     assert report.config.mesh == {"pp": 2, "dp_shard": 2}
-    assert report.config.mesh_dims.dp_replicate == 1
+    assert report.config.parallel_dims.dp_replicate == 1
     steady = rank1.iterations[1]
     # resharded after each forward (fully_shard's default), never after a backward (the stage
     # turns that off): gathered again in each microbatch's backward, and reduced once
@@ -289,7 +289,7 @@ def test_a_four_dimensional_job_shares_tensor_parallelism() -> None:
         report = fsdpviz.analyze(titan.model, titan.inputs, **titan.config)
     c = report.config
     assert c.mesh == {"pp": 2, "dp_shard": 2, "tp": 2} and c.world_size == 8
-    assert c.mesh_dims.tp == 2 and c.mesh_dims.pp == 2 and c.mesh_dims.dp_replicate == 1
+    assert c.parallel_dims.tp == 2 and c.parallel_dims.pp == 2 and c.parallel_dims.dp_replicate == 1
     assert "layers.0.attention.wq" in (c.parallelize_plan or {})
     assert "layers.5.attention.wq" in (c.parallelize_plan or {})  # the last stage's too
     steady = report.pipeline.ranks[0].iterations[1]  # type: ignore[union-attr]

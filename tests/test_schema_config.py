@@ -64,7 +64,7 @@ def test_json_round_trips_key_for_key_in_order(data: dict[str, object]) -> None:
 
 def test_fields_are_typed_and_shared_keys_land_in_the_right_field() -> None:
     one, two, rec = (ReportConfig.from_dict(d) for d in (FSDP1_JSON, FSDP2_JSON, RECORDING_JSON))
-    assert (one.world_size, one.mesh_dims.dp_shard_cp, one.use_orig_params) == (4, 4, True)
+    assert (one.world_size, one.parallel_dims.dp_shard_cp, one.use_orig_params) == (4, 4, True)
     assert one.backward_prefetch is None and one.explicit_backward_prefetch is None
     assert not one.prefetches_backward
     assert two.fully_shard == ("blocks.0", "blocks.1", "")
@@ -157,5 +157,5 @@ def test_the_shard_replica_split_is_worked_out_once() -> None:
         assert (opts.shard_world_size, opts.replicas) == shard_split(8, group or 8, strategy), (
             strategy
         )
-        dims = config.mesh_dims
+        dims = config.parallel_dims
         assert (dims.dp_shard_cp, dims.dp_replicate) == (opts.shard_world_size, opts.replicas)

@@ -20,40 +20,40 @@ def counts(d: ParallelDims) -> tuple[int, ...]:
 
 
 def test_one_dimension() -> None:
-    d = parse_fsdp2_options({"world_size": 8}).describe([]).mesh_dims
+    d = parse_fsdp2_options({"world_size": 8}).describe([]).parallel_dims
     assert counts(d) == (8, 1, 8, 1, 1, 1, 8, 8, 8) and not d.hsdp
     assert d.device_mesh == {"dp_shard": 8} and d.mesh_arg == ("dp_shard", 8)
-    assert ReportConfig().mesh_dims == ParallelDims()  # a recording without its world size
+    assert ReportConfig().parallel_dims == ParallelDims()  # a recording without its world size
 
 
 def test_hsdp_two_dimensions() -> None:
     config = parse_fsdp2_options({"mesh": ("dp_replicate", 2, "dp_shard", 4)}).describe([])
-    d = config.mesh_dims
+    d = config.parallel_dims
     assert counts(d) == (8, 2, 4, 1, 1, 1, 8, 4, 8) and d.hsdp
     assert d.device_mesh == {"dp_replicate": 2, "dp_shard": 4}
     # a replicate dimension of one rank is HSDP still: foreach_reduce all-reduces over it
     one = parse_fsdp2_options({"mesh": ("dp_replicate", 1, "dp_shard", 8)}).describe([])
-    assert one.mesh_dims.dp_replicate == 1 and one.mesh_dims.hsdp
-    assert one.mesh_dims.device_mesh == {"dp_replicate": 1, "dp_shard": 8}
+    assert one.parallel_dims.dp_replicate == 1 and one.parallel_dims.hsdp
+    assert one.parallel_dims.device_mesh == {"dp_replicate": 1, "dp_shard": 8}
 
 
 def test_dp_by_tp() -> None:
     config = ReportConfig(api="FSDP2", world_size=64, shard_world_size=8,
                           mesh={"dp_shard": 8, "tp": 8}, tp_world_size=8)  # fmt: skip
-    d = config.mesh_dims
+    d = config.parallel_dims
     assert counts(d) == (64, 1, 8, 1, 8, 1, 8, 8, 8) and not d.hsdp
     assert d.mesh_arg == ("dp_shard", 8, "tp", 8)
     hsdp = ReportConfig(api="FSDP2", world_size=64, shard_world_size=4, tp_world_size=8,
                         mesh={"dp_replicate": 2, "dp_shard": 4, "tp": 8})  # fmt: skip
-    assert counts(hsdp.mesh_dims) == (64, 2, 4, 1, 8, 1, 8, 4, 8) and hsdp.mesh_dims.hsdp
-    assert hsdp.mesh_dims.mesh_arg == ("dp_replicate", 2, "dp_shard", 4, "tp", 8)
+    assert counts(hsdp.parallel_dims) == (64, 2, 4, 1, 8, 1, 8, 4, 8) and hsdp.parallel_dims.hsdp
+    assert hsdp.parallel_dims.mesh_arg == ("dp_replicate", 2, "dp_shard", 4, "tp", 8)
 
 
 def test_pp_by_dp_by_tp() -> None:
     """A pipeline job's config as its report states it: the pp dimension outermost."""
     config = ReportConfig(api="FSDP2", world_size=16, shard_world_size=2, tp_world_size=4,
                           pp_world_size=2, mesh={"pp": 2, "dp_shard": 2, "tp": 4})  # fmt: skip
-    d = config.mesh_dims
+    d = config.parallel_dims
     assert counts(d) == (16, 1, 2, 1, 4, 2, 2, 2, 2) and not d.hsdp
     assert d.device_mesh == {"pp": 2, "dp_shard": 2, "tp": 4}
     assert d == ParallelDims.filled(16, tp=4, pp=2)
@@ -62,12 +62,12 @@ def test_pp_by_dp_by_tp() -> None:
 def test_context_parallel() -> None:
     """FSDP shards over dp_shard x cp; a cp dimension beside a replicate one is HSDP."""
     config = parse_fsdp2_options({"mesh": ("dp_shard", 2, "cp", 4)}).describe([])
-    d = config.mesh_dims
+    d = config.parallel_dims
     assert config.shard_world_size == 8
     assert counts(d) == (8, 1, 2, 4, 1, 1, 2, 8, 8) and not d.hsdp
     assert d.device_mesh == {"dp_shard": 2, "cp": 4}
     mesh = ("dp_replicate", 2, "dp_shard", 2, "cp", 2)
-    hsdp = parse_fsdp2_options({"mesh": mesh}).describe([]).mesh_dims
+    hsdp = parse_fsdp2_options({"mesh": mesh}).describe([]).parallel_dims
     assert counts(hsdp) == (8, 2, 2, 2, 1, 1, 4, 4, 8) and hsdp.hsdp
 
 
@@ -87,9 +87,13 @@ def test_fsdp1(strategy: str, group: int | None, expected: tuple[int, ...], hsdp
     if group:
         kwargs["shard_group_size"] = group
     opts = parse_fsdp1_options(kwargs)
-    d = opts.describe().mesh_dims
+    d = opts.describe().parallel_dims
     assert counts(d) == expected and d.hsdp is hsdp
-    assert d == ParallelDims.fsdp1(8, group or 8, strategy) == opts.dims(opts.sharding_strategy)
+    assert (
+        d
+        == ParallelDims.fsdp1(8, group or 8, strategy)
+        == opts.parallel_dims(opts.sharding_strategy)
+    )
 
 
 def test_filled_takes_the_ranks_the_others_leave() -> None:
@@ -128,6 +132,15 @@ def test_product_stated_and_post_forward() -> None:
     assert ParallelDims.filled(16, cp=2).post_forward(4) == (4, 4)  # of dp_shard x cp
 
 
+def test_meshed_degrees_make_the_world_size() -> None:
+    """FSDP1's ``NO_SHARD`` (neither shard nor replicas) as DDP: every rank a replica; degrees
+    whose product is the world size as they are."""
+    ddp = ParallelDims.fsdp1(8, 8, "NO_SHARD").meshed
+    assert (ddp.dp_replicate, ddp.dp_shard, ddp.world_size, ddp.hsdp) == (8, 1, 8, False)
+    hsdp = ParallelDims.fsdp1(8, 4, "HYBRID_SHARD")
+    assert hsdp.meshed is hsdp
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -140,6 +153,6 @@ def test_product_stated_and_post_forward() -> None:
 def test_fsdp2_options_hold_their_ranks_once(kwargs: dict[str, object]) -> None:
     """The parser reads the mesh into one ``ParallelDims``; the report states it."""
     opts = parse_fsdp2_options(dict(kwargs))
-    assert opts.world_size == opts.dims.world_size
-    assert opts.describe([]).mesh_dims == opts.dims
+    assert opts.world_size == opts.parallel_dims.world_size
+    assert opts.describe([]).parallel_dims == opts.parallel_dims
     assert not {"shard_size", "replicas", "cp_size", "tp_size"} & set(vars(opts))

@@ -126,8 +126,8 @@ def test_hugging_face_llama_derived_as_traced(layers: int) -> None:
 
 def test_each_pair_captured_once() -> None:
     """The user's every 3rd of 4 layers beside tune's every 2nd, on each micro-batch: each
-    pair's capture is made once for both, each derived as the search that traces each
-    makes it."""
+    pair's capture is made once for both and let go once asked for each it derives, each
+    derived as the search that traces each makes it."""
     from fsdpviz.tuning import checkpoint_pairs
 
     made: list[tuple[fsdpviz.Report, fsdpviz.Report]] = []
@@ -140,9 +140,20 @@ def test_each_pair_captured_once() -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(CheckpointPairs, "derive", lambda self, *args: None)
         traced_each = _llama_tune(4, 3, batch=4)
+    searches: list[CheckpointPairs] = []
+    init = CheckpointPairs.__init__
+
+    def kept(self: CheckpointPairs, *args: Any) -> None:
+        init(self, *args)
+        searches.append(self)
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(checkpoint_pairs, "checkpoint_capture", counted)
+        mp.setattr(CheckpointPairs, "__init__", kept)
         tuned = _llama_tune(4, 3, batch=4)
+    # each capture let go once no n is left to ask of it (the user's every 3rd of 4 samples
+    # traced before its siblings: its pair asked for every 2nd alone)
+    assert len(searches) == 1 and searches[0]._captures == {}
 
     def samples(c: Any) -> str:  # (the micro-batch's samples: its trace key's)
         return str(c.knobs["micro_batch"].split(" x ")[0])

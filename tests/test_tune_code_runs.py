@@ -331,7 +331,7 @@ def assert_trainer_keys(c: Candidate) -> None:
     assert training["mixed_precision_param"] == (
         "bfloat16" if param is torch.bfloat16 else "float32"
     )
-    shard = cfg.mesh_dims.dp_shard
+    shard = cfg.parallel_dims.dp_shard
     assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] == c.world_size
     assert par["data_parallel_shard_degree"] == shard
     assert training.get("enable_cpu_offload", False) is offload
@@ -564,7 +564,7 @@ def test_the_torchtitan_job_reads_back_as_planned(degrees: dict[str, int]) -> No
     report = fsdpviz.analyze(source.model, source.inputs, progress=False, **source.config)
     c = Planned(cast(TuneKwargs, dict(source.config)), source.inputs, report, 4, 2, True)
     text = configuration_code(c, "torchtitan")
-    dims = report.config.mesh_dims
+    dims = report.config.parallel_dims
     par = tomllib.loads(text)["parallelism"]
     written = [par.get(f"{k}_degree", 1) for k in ("data_parallel_replicate", "data_parallel_shard",
                                                    "context_parallel", "tensor_parallel",
@@ -816,7 +816,7 @@ def test_a_replicate_dimension_of_one_rank_beside_cp() -> None:
     )
     config = {**source.config, "mesh": ("dp_replicate", 1, "dp_shard", 4, "cp", 2)}
     report = fsdpviz.analyze(source.model, source.inputs, progress=False, **config)
-    assert report.config.mesh_dims.hsdp
+    assert report.config.parallel_dims.hsdp
     c = Planned(cast(TuneKwargs, config), source.inputs, report, 2)
     titan = configuration_code(c, "torchtitan")
     assert "data_parallel_replicate_degree = 1\ndata_parallel_shard_degree = 4\n" in titan
@@ -840,7 +840,7 @@ def test_accelerates_parallelism_config_reads_back_as_the_same_mesh(
     degrees: dict[str, int],
 ) -> None:
     """The accelerate YAML of a plan reads back (``from_accelerate``) as the same mesh: the
-    same ``mesh=`` / ``world_size=`` keywords and ``config.mesh_dims`` (its
+    same ``mesh=`` / ``world_size=`` keywords and ``config.parallel_dims`` (its
     ``parallelism_config`` was ignored, with a note, and read as plain FSDP)."""
     source, c = _titan_planned(degrees, activation_checkpoint={"mode": "none"})
     data = yaml.safe_load(configuration_code(c, "accelerate"))
@@ -850,7 +850,7 @@ def test_accelerates_parallelism_config_reads_back_as_the_same_mesh(
     mesh_keys = ("mesh", "world_size")
     assert {k: back.get(k) for k in mesh_keys} == {k: source.config.get(k) for k in mesh_keys}
     report = fsdpviz.analyze(source.model, source.inputs, progress=False, **back)
-    assert report.config.mesh_dims == c.report.config.mesh_dims
+    assert report.config.parallel_dims == c.report.config.parallel_dims
 
 
 def test_accelerates_handwritten_parallelism_config_and_its_errors() -> None:

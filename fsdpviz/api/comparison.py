@@ -399,7 +399,7 @@ def bytes_note(ua: Unit, ub: Unit, a: Report, b: Report) -> str:
 def _shard_ranks(report: Report, unit: Unit) -> int:
     if unit.sharding_strategy == "NO_SHARD":
         return 1
-    return report.config.mesh_dims.dp_shard_cp
+    return report.config.parallel_dims.dp_shard_cp
 
 
 def _padding(report: Report, unit: Unit, ranks: int) -> str:

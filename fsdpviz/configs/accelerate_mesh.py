@@ -113,9 +113,11 @@ def accelerate_mesh(
         )
     if total != world_size:
         given = " x ".join(f"{PREFIX}{d}_size {s}" for d, s in sizes.items() if s > 1)
-        others = total // shard
-        fix = (f" ({PREFIX}dp_shard_size: {world_size // others})"
-               if world_size % others == 0 else "")  # fmt: skip
+        try:  # the dp_shard_size the others leave, where they divide the processes
+            filled = ParallelDims.filled(world_size, dp_replicate=replicate, cp=cp, tp=tp)
+            fix = f" ({PREFIX}dp_shard_size: {filled.dp_shard})"
+        except ConfigError:
+            fix = ""
         raise ConfigError(
             f"{at}: {given} is {total} ranks, not num_processes {world_size} (accelerate's "
             f"ParallelismConfig refuses it); make their product {world_size}{fix}, or "

@@ -129,9 +129,9 @@ def from_torchtitan(
             f"attention is planned with torch's default {CP_ROTATE_METHOD!r} (keys and values "
             "gathered once per attention)",
         )
-    mesh = mesh_degrees(parallel, world_size, where, notes)
-    if int(training.get("global_batch_size", -1)) > batch * mesh.dp:
-        steps = int(training["global_batch_size"]) // (batch * mesh.dp)
+    parallel_dims = mesh_degrees(parallel, world_size, where, notes)
+    if int(training.get("global_batch_size", -1)) > batch * parallel_dims.dp:
+        steps = int(training["global_batch_size"]) // (batch * parallel_dims.dp)
         note(
             notes,
             f"{where}: global_batch_size = {training['global_batch_size']} means "
@@ -143,14 +143,16 @@ def from_torchtitan(
     tokens = torch.zeros(batch, seq, dtype=torch.long)
     # torchtitan's enable_float8_tensorwise_tp: float8 linears of a tensorwise recipe
     tensorwise = float8 is not None and float8.get("recipe_name", "tensorwise") == "tensorwise"
-    kwargs = parallelize_kwargs(model, data, mesh, where, notes, float8_tensorwise=tensorwise)
-    if mesh.pp > 1:
-        kwargs.update(pipeline_kwargs(model, parallel, mesh.pp, batch, where, notes))
+    kwargs = parallelize_kwargs(
+        model, data, parallel_dims, where, notes, float8_tensorwise=tensorwise
+    )
+    if parallel_dims.pp > 1:
+        kwargs.update(pipeline_kwargs(model, parallel, parallel_dims.pp, batch, where, notes))
     # the loss of one microbatch under pipeline parallelism (the last stage's), else the batch;
     # one rank's labels: context parallelism cuts them as it cuts the tokens
     rows = batch // int(cast(int, kwargs.get("microbatches", 1)))  # pipeline_kwargs sets an int
-    labels = torch.zeros(rows, seq // mesh.cp, dtype=torch.long, device="meta")
-    loss_parallel = mesh.tp > 1 and not parallel.get("disable_loss_parallel", False)
+    labels = torch.zeros(rows, seq // parallel_dims.cp, dtype=torch.long, device="meta")
+    loss_parallel = parallel_dims.tp > 1 and not parallel.get("disable_loss_parallel", False)
     kwargs["loss"] = _LossParallelCrossEntropy(labels) if loss_parallel else _CrossEntropy(labels)
     compiled = compile_option(data.get("compile", {}), where, notes)
     if compiled:

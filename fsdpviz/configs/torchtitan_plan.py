@@ -93,7 +93,7 @@ def tp_plan(loss_parallel: bool, float8_tensorwise: bool = False) -> dict[str, P
 def parallelize_kwargs(
     model: nn.Module,
     data: dict[str, Any],
-    mesh: ParallelDims,
+    parallel_dims: ParallelDims,
     where: str,
     notes: list[str],
     float8_tensorwise: bool = False,
@@ -109,7 +109,7 @@ def parallelize_kwargs(
         )
     # "default": True without pipeline parallelism, False under it (torchtitan's
     # apply_fsdp: no all-gather per microbatch)
-    reshard = policy == "always" or (policy == "default" and mesh.pp == 1)
+    reshard = policy == "always" or (policy == "default" and parallel_dims.pp == 1)
     blocks = [f"layers.{name}" for name, _ in model.get_submodule("layers").named_children()]
     raf: dict[str, bool] = {"tok_embeddings": reshard, **dict.fromkeys(blocks, reshard)}
     raf["norm, output"] = policy == "always"
@@ -120,12 +120,12 @@ def parallelize_kwargs(
         RESHARD_KEYWORD: raf,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
     }
-    dims = mesh.device_mesh
+    dims = parallel_dims.device_mesh
     if len(dims) == 1:
-        kwargs["world_size"] = mesh.dp_shard
+        kwargs["world_size"] = parallel_dims.dp_shard
     else:  # PP, HSDP, CP and/or TP: the mesh as torchtitan's ParallelDims builds it
-        kwargs["mesh"] = mesh.mesh_arg  # ("dp_shard", 32, "tp", 8)
-    if mesh.tp > 1:
+        kwargs["mesh"] = parallel_dims.mesh_arg  # ("dp_shard", 32, "tp", 8)
+    if parallel_dims.tp > 1:
         parallel = data.get("parallelism", {})
         loss_parallel = not parallel.get("disable_loss_parallel", False)
         try:

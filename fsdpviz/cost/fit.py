@@ -87,7 +87,7 @@ def process_groups(report: Report) -> int:
     """The process groups the plan's collectives run over (each one NCCL communicator):
     FSDP's (the shard group, or every rank under ``NO_SHARD``), hybrid sharding's replicate
     group, the tensor-parallel group."""
-    dims = report.config.mesh_dims
+    dims = report.config.parallel_dims
     groups = 1 if dims.world_size > dims.tp else 0
     if dims.dp_replicate > 1 and dims.dp_shard_cp > 1:
         groups += 1
@@ -178,7 +178,7 @@ def fit_advice(report: Report, memory: MemoryReport) -> tuple[str, dict[str, obj
             return _tried(
                 "more ranks",
                 f"parameters, gradients and optimizer state ({held}) are sharded over "
-                f"{cfg.mesh_dims.dp_shard_cp} ranks and shrink with more; about {needed} ranks "
+                f"{cfg.parallel_dims.dp_shard_cp} ranks and shrink with more; about {needed} ranks "
                 f"instead of {cfg.ranks} would fit",
                 fix,
                 api,

@@ -61,7 +61,7 @@ def tp_chunk_shares(report: Report) -> dict[str, Fraction]:
     """FSDP2 x TP: each parameter sharded on its dim 0 over the tp ranks (``Shard(0)``), by
     FQN, with the part of it one rank holds (the first rank's chunk, the largest: a
     gradient redistributed to it holds as many bytes)."""
-    tp = report.config.mesh_dims.tp
+    tp = report.config.parallel_dims.tp
     if report.config.api != "FSDP2" or tp <= 1:
         return {}
     shapes = {
@@ -103,7 +103,7 @@ def param_grads(report: Report, last: bool = False) -> dict[str, tuple[int, ...]
 
 def _param_grads(report: Report, last: bool) -> dict[str, tuple[int, ...]]:
     modules = {m.fqn: m for m in report.modules}
-    tp = report.config.mesh_dims.tp
+    tp = report.config.parallel_dims.tp
     out: dict[str, tuple[int, ...]] = {}
     for u in report.units:
         if u.requires_grad is False or not u.params:

@@ -439,7 +439,7 @@ def _largest_shard(report: Report, one: int, states: int) -> int:
             shards += [flats[m.fqn]] if m.fqn in flats else []
         total = sum(shards)
     else:
-        ranks = report.config.mesh_dims.dp_shard_cp
+        ranks = report.config.parallel_dims.dp_shard_cp
         trains = {
             p
             for u in report.units

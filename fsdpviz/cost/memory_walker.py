@@ -119,7 +119,7 @@ class Walker(MemoryRecords, StreamPools, FSDP1Steps, FSDP2Steps, PipelineSteps):
         # tensor parallelism: the trace measured one rank's activations, temporaries and
         # gradients for a tp group of prof.tp_ranks (the parameters' sizes are already one
         # rank's); a plan for another degree scales them
-        dims = cfg.mesh_dims
+        dims = cfg.parallel_dims
         self.tp = max(1, dims.tp // (prof.tp_ranks if prof else 1))
         # the parameters sharded on dim 0 over the tp ranks: the part of each a rank holds
         self.tp_chunks, self.tp_ranks = tp_chunk_shares(report), dims.tp

@@ -149,7 +149,7 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
     for u in report.units if fsdp2 else ():
         if u.shard_ranks == 1 and u.compute_dtype:
             out[u.module] = replace(out[u.module], one_rank_copy=_one_rank_copy(u, shapes))
-    tp = report.config.mesh_dims.tp
+    tp = report.config.parallel_dims.tp
     if fsdp2 and tp > 1:
         styles = dict(report.config.parallelize_plan or {})
         for u in report.units:

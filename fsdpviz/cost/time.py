@@ -202,7 +202,7 @@ def timeline(
     tokens = (
         float(report.profile.tokens if report.profile is not None else 0)
         * count
-        / report.config.mesh_dims.tp
+        / report.config.parallel_dims.tp
     )
     model_flops = 3.0 * sums["flops_forward"]
     hardware_flops = sums["flops_forward"] + sums["flops_backward"]

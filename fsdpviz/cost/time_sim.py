@@ -122,7 +122,7 @@ class MicroStepSim:
         # costed); tp collectives block the compute stream. Context parallelism: ring
         # attention's collectives on a stream of their own; the compute after a ring's wait
         # waits for the last one of that kind (Arrivals.ring)
-        dims = cfg.mesh_dims
+        dims = cfg.parallel_dims
         self.ranks = Ranks(
             shard=dims.dp_shard_cp,
             replicas=dims.dp_replicate,

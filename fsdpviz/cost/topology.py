@@ -106,7 +106,7 @@ def mesh_dims(config: ReportConfig, cp: bool = False) -> list[tuple[str, str, in
     hybrid = config.sharding_strategy in HYBRID_STRATEGIES
     if config.api == "FSDP1" and (hybrid or config.process_group_size):
         # hybrid sharding's shard groups, also where FSDP switched it to NO_SHARD
-        group = config.process_group_size or config.mesh_dims.dp_shard
+        group = config.process_group_size or config.parallel_dims.dp_shard
         split = ParallelDims.fsdp1(config.ranks, group, "HYBRID_SHARD")
         return [("replicate", "replicate", split.dp_replicate), ("shard", "shard", split.dp_shard)]
     return [("shard", "world" if config.api == "FSDP1" else "dp_shard", config.ranks)]
@@ -120,7 +120,7 @@ def spans(config: ReportConfig, gpus_per_node: int) -> dict[str, Span]:
     named = [(name, size) for _, name, size in dims]
     out = {role: span_of(named, i, gpus_per_node) for i, (role, _, _) in enumerate(dims)}
     out["process_group"] = out["shard"]
-    if config.mesh_dims.cp > 1:  # ring attention's groups: the cp dimension alone
+    if config.parallel_dims.cp > 1:  # ring attention's groups: the cp dimension alone
         full = mesh_dims(config, cp=True)
         at = next((i for i, d in enumerate(full) if d[0] == "cp"), None)
         if at is not None:
@@ -132,7 +132,7 @@ def post_forward_span(config: ReportConfig, ranks: int, gpus_per_node: int) -> S
     """FSDP2 resharded after forward to ``ranks`` (``ReportConfig.post_forward_ranks``): the
     backward all-gather over consecutive ``ranks`` of the shard dimension
     (``_init_post_forward_mesh_info``: :meth:`ParallelDims.post_forward`)."""
-    groups, inner = config.mesh_dims.post_forward(ranks)
+    groups, inner = config.parallel_dims.post_forward(ranks)
     named: list[tuple[str, int]] = []
     for role, name, size in mesh_dims(config):
         if role == "shard":
@@ -149,7 +149,7 @@ def tp_strategies_moved(config: ReportConfig, gpus_per_node: int) -> str | None:
     within a node on one side of ``tp <= gpus_per_node`` and across nodes on the other
     (``MeshTopoInfo.build_from_mesh``), and the report's multiplies depend on it
     (``config.tp_strategy_gpus_per_node``). None where the strategies hold there."""
-    planned, tp = config.tp_strategy_gpus_per_node, config.mesh_dims.tp
+    planned, tp = config.tp_strategy_gpus_per_node, config.parallel_dims.tp
     if planned is None:
         return None
     if costed_within_node(tp, planned) == costed_within_node(tp, gpus_per_node):

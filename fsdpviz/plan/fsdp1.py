@@ -316,7 +316,7 @@ def _unit_config(
         mixed_precision=kwargs.get("mixed_precision", opts.mixed_precision),
         backward_prefetch=prefetch,
         forward_prefetch=bool(kwargs.get("forward_prefetch", opts.forward_prefetch)),
-        replicas=opts.dims(strategy).dp_replicate,
+        replicas=opts.parallel_dims(strategy).dp_replicate,
         offload_params=opts.offload_params,
     )
 

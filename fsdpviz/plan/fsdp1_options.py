@@ -137,7 +137,7 @@ class FSDP1Options:
     @property
     def shard_world_size(self) -> int:
         """Ranks one FlatParameter is sharded over."""
-        return self.dims(self.sharding_strategy).dp_shard
+        return self.parallel_dims(self.sharding_strategy).dp_shard
 
     @property
     def process_group_size(self) -> int:
@@ -147,9 +147,9 @@ class FSDP1Options:
     @property
     def replicas(self) -> int:
         """Shard groups whose gradients hybrid sharding all-reduces (1 when not hybrid)."""
-        return self.dims(self.sharding_strategy).dp_replicate
+        return self.parallel_dims(self.sharding_strategy).dp_replicate
 
-    def dims(self, strategy: ShardingStrategy) -> ParallelDims:
+    def parallel_dims(self, strategy: ShardingStrategy) -> ParallelDims:
         """The shard ranks and replicas of a unit under ``strategy`` (the options' own, or
         one a ``CustomPolicy`` gives a unit), on FSDP's process group: see
         :meth:`ParallelDims.fsdp1 <fsdpviz.schema.mesh.ParallelDims.fsdp1>`."""

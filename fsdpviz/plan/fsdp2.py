@@ -367,7 +367,7 @@ def check_groups(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> N
     """:func:`check_reshard_ints` for ``opts``' groups of ``model``, those it all-gathers in
     float8 found (:func:`float8_gathered_groups`)."""
     f8 = float8_gathered_groups(model, groups, opts.job)
-    check_reshard_ints(groups, opts.dims.dp_shard_cp, float8_groups=f8)
+    check_reshard_ints(groups, opts.parallel_dims.dp_shard_cp, float8_groups=f8)
 
 
 def float8_gathered_groups(model: nn.Module, groups: list[Group], job: JobOptions) -> list[str]:

@@ -192,7 +192,7 @@ def plan_from_fully_sharded(
         hsdp=hsdp,
     )
     opts = FSDP2Options(
-        dims=ranks,
+        parallel_dims=ranks,
         mesh_names=_hsdp_names(infos[0]) if hsdp else None,
         offload=bool(offloads and offloads.pop()),
         targets=[g.fqns for g in groups],
@@ -218,9 +218,9 @@ def plan_from_fully_sharded(
     if tp is not None:  # the mesh's ranks: FSDP's 1-D mesh and the tp mesh
         (*_, tp_name), (*_, tp_size) = tp
         opts = opts.replace(
-            dims=dataclasses.replace(ranks, world_size=math.prod(tp[1]), tp=tp_size),
+            parallel_dims=dataclasses.replace(ranks, world_size=math.prod(tp[1]), tp=tp_size),
             tp_name=tp_name,
-            mesh_dims=dict(zip(*tp, strict=True)),
+            mesh=dict(zip(*tp, strict=True)),
             tp=plan_from_hooks(model, tp_size, tp_name),
         )
     finalize_groups(dup, groups, opts)

@@ -9,7 +9,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -43,9 +43,9 @@ class FSDP2Options:
     which checks the changed options again.
 
     Attributes:
-        dims: the job's ranks by mesh dimension (the mesh's, where ``mesh=`` is given), read
-            once by the parser: FSDP shards a group over ``dp_shard_cp`` (all ranks without
-            a mesh), ``hsdp`` where ``fully_shard`` gets a 2-D mesh (torch's
+        parallel_dims: the job's ranks by mesh dimension (the mesh's, where ``mesh=`` is
+            given), read once by the parser: FSDP shards a group over ``dp_shard_cp`` (all
+            ranks without a mesh), ``hsdp`` where ``fully_shard`` gets a 2-D mesh (torch's
             ``HSDPMeshInfo``, whose ``foreach_reduce`` all-reduces each gradient shard over
             the replicate dimension, one replica included: the mesh's dimensionality
             decides, not its size), and the tp and cp dimensions' sizes (FSDP shards over
@@ -65,10 +65,10 @@ class FSDP2Options:
         mesh_names: a 2-D data-parallel mesh's (HSDP's) replicate and shard dimensions'
             names, as ``init_device_mesh``'s ``mesh_dim_names`` (None: a 1-D mesh).
         offload: ``CPUOffloadPolicy``: shards, gradients, optimizer in host memory.
-        parallelize_plan, tp, tp_name, mesh_dims: tensor parallelism: ``parallelize_module``'s
+        parallelize_plan, tp, tp_name, mesh: tensor parallelism: ``parallelize_module``'s
             plan as given and as resolved on the traced copy (by the schedule, with
-            :meth:`replace`), the tp dimension's name (its size: ``dims.tp``), and the mesh
-            as given.
+            :meth:`replace`), the tp dimension's name (its size: ``parallel_dims.tp``), and
+            the mesh as given (``{name: size}``).
         job: the job around FSDP: gradient accumulation, torch.compile, float8, TF32
             (``plan/job.py``).
         torch: whose FSDP2 (``torch_version=``; default the installed torch's):
@@ -91,7 +91,7 @@ class FSDP2Options:
             where a group freed them after forward, and fsdpviz refuses it.
     """
 
-    dims: ParallelDims
+    parallel_dims: ParallelDims
     targets: Any
     reshard_after_forward: bool | int | dict[str, bool | int] | None
     mp_policy: MixedPrecisionPolicy
@@ -107,7 +107,7 @@ class FSDP2Options:
     parallelize_plan: Any = None
     tp: TPPlan | None = None
     tp_name: str = ""
-    mesh_dims: dict[str, int] | None = None
+    mesh: dict[str, int] | None = None
     job: JobOptions = field(default_factory=JobOptions)
     torch: TorchFSDP = field(default_factory=installed)
     reshard_after_backward: bool = True
@@ -116,8 +116,10 @@ class FSDP2Options:
     unshard_in_backward: bool | dict[str, bool] = True
 
     def __post_init__(self) -> None:
-        if self.dims.hsdp != (self.mesh_names is not None):
-            raise ConfigError("dims.hsdp and mesh_names disagree: HSDP is a 2-D mesh, named")
+        if self.parallel_dims.hsdp != (self.mesh_names is not None):
+            raise ConfigError(
+                "parallel_dims.hsdp and mesh_names disagree: HSDP is a 2-D mesh, named"
+            )
         _check_reshard(self.reshard_after_forward)
         check_unshard_in_backward(self.unshard_in_backward)
         for name in ("reshard_after_backward", "requires_all_reduce"):
@@ -135,8 +137,9 @@ class FSDP2Options:
 
     @property
     def world_size(self) -> int:
-        """The ranks of the job (the mesh's, where ``mesh=`` is given): ``dims.world_size``."""
-        return self.dims.world_size
+        """The ranks of the job (the mesh's, where ``mesh=`` is given):
+        ``parallel_dims.world_size``."""
+        return self.parallel_dims.world_size
 
     def reshard(self, group: Group) -> Group:
         """``group`` with its ``reshard_after_forward`` as these options give it for its
@@ -156,13 +159,13 @@ class FSDP2Options:
     def describe(self, groups: list[Group]) -> ReportConfig:
         """These options and the groups they made, as ``Report.config`` states them."""
         job, job_keys = self.job.config()
-        dims = self.dims
+        dims = self.parallel_dims
         multi = dims.hsdp or bool(self.tp) or dims.cp > 1
         mesh: dict[
             str, Any
         ] = {  # each stated where it is not a plain 1-D plan's (the config's default)
             "shard_world_size": dims.dp_shard_cp if multi else None,
-            "mesh": self._mesh(dims),
+            "mesh": self._stated_mesh(dims),
             "tp_world_size": dims.tp if self.tp else None,
             "parallelize_plan": self.tp.describe() if self.tp else None,
             "cp_world_size": dims.cp if dims.cp > 1 else None,
@@ -189,12 +192,8 @@ class FSDP2Options:
             stated=FSDP2_KEYS + non_default_keys(mesh) + job_keys + non_default_keys(accumulation),
         )
 
-    def _mesh(self, dims: ParallelDims) -> dict[str, int] | None:
-        if self.mesh_dims is not None and (self.tp or dims.cp > 1):
-            return dict(self.mesh_dims)
-        if self.mesh_names is None:
-            return None
-        return dict(zip(self.mesh_names, (dims.dp_replicate, dims.dp_shard_cp), strict=True))
+    def _stated_mesh(self, dims: ParallelDims) -> dict[str, int] | None:
+        return FSDP2Mesh(dims, self.mesh_names, self.tp_name, self.mesh).stated(bool(self.tp))
 
 
 def checked_mp_policy(mp: Any) -> MixedPrecisionPolicy:
@@ -273,11 +272,41 @@ def offloads(policy: Any) -> bool:
     return type(policy).__name__ == "CPUOffloadPolicy"
 
 
-def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
-    check_keywords(kwargs, "FSDP2", "FSDP2 option")
-    plan = kwargs.get("parallelize_plan")
+class FSDP2Mesh(NamedTuple):
+    """``mesh=`` as FSDP2 reads it (:func:`read_mesh`): the job's ranks by dimension, HSDP's
+    replicate and shard dimensions' names (None: one data-parallel dimension), the
+    tensor-parallel dimension's name ('' without) and every dimension by name as given (an
+    unnamed mesh's as torchtitan names them; None: no ``mesh=``)."""
+
+    parallel_dims: ParallelDims
+    hsdp_names: tuple[str, str] | None
+    tp_name: str
+    named: dict[str, int] | None
+
+    def stated(self, tp: bool) -> dict[str, int] | None:
+        """The mesh as ``Report.config`` states it: every dimension as given under tensor
+        (``tp``) or context parallelism, HSDP's replicate and shard dimensions (FSDP's
+        ``dp_shard_cp``), None for one data-parallel dimension."""
+        dims = self.parallel_dims
+        if self.named is not None and (tp or dims.cp > 1):
+            return dict(self.named)
+        if self.hsdp_names is None:
+            return None
+        return dict(zip(self.hsdp_names, (dims.dp_replicate, dims.dp_shard_cp), strict=True))
+
+
+def read_mesh(kwargs: Mapping[str, Any], plan: Any) -> FSDP2Mesh:
+    """``kwargs``' ``mesh=`` (and ``world_size=``, which must agree with it) as FSDP2 takes
+    it with ``parallelize_plan=plan``: one or two data-parallel dimensions (shard, or
+    replicate x shard: HSDP), a ``cp`` dimension after them, a tensor-parallel one last where
+    a plan is given; no mesh: ``world_size`` ranks in one dimension.
+
+    Example::
+
+        read_mesh({"mesh": ("dp_replicate", 2, "dp_shard", 4)}, None).parallel_dims.hsdp  # True
+    """
     mesh = kwargs.get("mesh")
-    all_sizes, all_names = mesh_dims(mesh, 4)
+    all_sizes, all_names = parse_mesh(mesh, 4)
     cp_size, dp_sizes, dp_names = context_parallel_mesh(all_sizes, all_names)
     if dp_sizes is not None and len(dp_sizes) > (3 if plan is not None else 2):
         raise ConfigError(_MESH_HELP.format(got=repr(mesh)))
@@ -293,6 +322,22 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
     if hsdp and not names:
         names = ("replicate", "shard")
     ws = mesh_ranks(kwargs, all_sizes) if all_sizes is not None else world_size(kwargs)
+    dims = ParallelDims(world_size=ws, dp_replicate=dp[0] if hsdp else 1,
+                        dp_shard=dp[-1] if dp else ws, cp=cp_size, tp=tp_size,
+                        hsdp=hsdp)  # fmt: skip
+    return FSDP2Mesh(
+        dims,
+        (str(names[0]), str(names[1])) if hsdp else None,
+        tp_name,
+        _named_dims(all_sizes, all_names, plan is not None),
+    )
+
+
+def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
+    check_keywords(kwargs, "FSDP2", "FSDP2 option")
+    plan = kwargs.get("parallelize_plan")
+    mesh = read_mesh(kwargs, plan)
+    hsdp = mesh.parallel_dims.hsdp
     offload = offloads(kwargs.get("offload_policy"))
     mp = checked_mp_policy(kwargs.get("mp_policy"))
     raf = _check_reshard(kwargs.get("reshard_after_forward"))
@@ -311,11 +356,8 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
             "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
             "mesh; this plan has none (pass mesh=(replicas, shard ranks))"
         )
-    dims = ParallelDims(world_size=ws, dp_replicate=dp[0] if hsdp else 1,
-                        dp_shard=dp[-1] if dp else ws, cp=cp_size, tp=tp_size,
-                        hsdp=hsdp)  # fmt: skip
     return FSDP2Options(
-        dims=dims,
+        parallel_dims=mesh.parallel_dims,
         targets=kwargs.get("fully_shard"),
         reshard_after_forward=raf,
         mp_policy=mp,
@@ -326,11 +368,11 @@ def parse_fsdp2_options(kwargs: dict[str, Any]) -> FSDP2Options:
         trace=trace,
         progress=kwargs.get("progress"),
         activation_checkpointing=kwargs.get("activation_checkpointing"),
-        mesh_names=(str(names[0]), str(names[1])) if hsdp else None,
+        mesh_names=mesh.hsdp_names,
         offload=offload,
         parallelize_plan=plan,
-        tp_name=tp_name,
-        mesh_dims=_named_dims(all_sizes, all_names, plan is not None),
+        tp_name=mesh.tp_name,
+        mesh=mesh.named,
         job=job,
         torch=rules,
         reshard_after_backward=after_backward,
@@ -409,7 +451,7 @@ def _named_dims(
     return dict(zip(names, sizes, strict=True))
 
 
-def mesh_dims(mesh: Any, most: int) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
+def parse_mesh(mesh: Any, most: int) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
     """The sizes and names (possibly none) of ``mesh=`` with at most ``most`` dimensions
     (three with a tensor-parallel dimension: ``("dp_replicate", 2, "dp_shard", 16, "tp",
     8)``)."""

@@ -108,10 +108,10 @@ def mark_unused(
                   if p.requires_grad and id(p) not in reached}  # fmt: skip
         if not unused:
             continue
-        local = [local_shape(p.shape, placements.get(p), opts.dims.tp) for p in g.params]
+        local = [local_shape(p.shape, placements.get(p), opts.parallel_dims.tp) for p in g.params]
         trains = [p.requires_grad for p in g.params]
         dims = g.shard_dims or None
-        fields = trainable_fields(fqns, local, trains, opts.dims.dp_shard_cp, dims, unused)
+        fields = trainable_fields(fqns, local, trains, opts.parallel_dims.dp_shard_cp, dims, unused)
         g.schema = replace(g.schema, **fields)
 
 
@@ -244,8 +244,8 @@ def group_unit(
 ) -> Unit:
     """The unit of ``group``. Under tensor parallelism FSDP2 shards each rank's tp-local
     tensor (``FSDPParam._orig_size`` is the local size): sizes are one rank's."""
-    ws = opts.dims.dp_shard_cp
-    local = [local_shape(p.shape, placements.get(p), opts.dims.tp) for p in group.params]
+    ws = opts.parallel_dims.dp_shard_cp
+    local = [local_shape(p.shape, placements.get(p), opts.parallel_dims.tp) for p in group.params]
     dims = _dims(group.shard_dims, len(local))
     dtypes = {p.dtype for p in group.params}
     # FSDP2's orig dtype: the trainable parameters' (they share one), frozen ones may differ

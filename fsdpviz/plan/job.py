@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict, cast, get_args
 
 from fsdpviz.errors import ConfigError, did_you_mean
+from fsdpviz.schema.checkpointing import outermost_picked
 from fsdpviz.schema.keywords import MatmulPrecision
 from fsdpviz.schema.report import ModuleInfo
 
@@ -158,17 +159,7 @@ class JobOptions:
         if not isinstance(self.compile, tuple):
             return None
         classes = self.compile
-        chosen: list[nn.Module] = []
-
-        def visit(m: nn.Module) -> None:
-            if m is not model and isinstance(m, classes):
-                chosen.append(m)
-                return
-            for child in m.children():
-                visit(child)
-
-        visit(model)
-        return chosen
+        return outermost_picked(model, lambda m: isinstance(m, classes))
 
     def class_name(self, module: nn.Module, fqn: str) -> str:
         """``module``'s class as torch names it once the job is applied: a linear converted

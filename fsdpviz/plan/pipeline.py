@@ -36,7 +36,7 @@ from typing import Any
 from torch import nn
 
 from fsdpviz.errors import ConfigError, did_you_mean
-from fsdpviz.plan.fsdp2_options import mesh_dims
+from fsdpviz.plan.fsdp2_options import mesh_ranks, parse_mesh
 from fsdpviz.schema.pipeline import SINGLE_STAGE_SCHEDULES, V_SCHEDULES
 from fsdpviz.schema.report import FsdpWarning
 
@@ -91,7 +91,7 @@ def split_pipeline_mesh(kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """The pipeline ranks of ``mesh=`` (its ``pp`` dimension, the outermost, as torchtitan's
     ``ParallelDims`` builds it) and ``kwargs`` with the mesh of the other dimensions."""
     rest = dict(kwargs)
-    sizes, names = mesh_dims(kwargs.get("mesh"), 4)
+    sizes, names = parse_mesh(kwargs.get("mesh"), 4)
     if sizes is None or "pp" not in names:
         raise ConfigError(
             "pipeline parallelism needs a mesh with a 'pp' dimension, the outermost: "
@@ -109,13 +109,8 @@ def split_pipeline_mesh(kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
             "mesh=('pp', P, 'dp_shard', 1) for pipeline parallelism without sharding"
         )
     rest["mesh"] = tuple(x for pair in zip(names[1:], sizes[1:], strict=True) for x in pair)
-    if "world_size" in rest:
-        total = math.prod(sizes)
-        if rest.pop("world_size") != total:
-            raise ConfigError(
-                f"world_size={kwargs['world_size']!r} but the mesh has {total} ranks "
-                f"({' x '.join(map(str, sizes))}); give one of them"
-            )
+    mesh_ranks(kwargs, sizes)  # a world_size given agrees with the mesh
+    rest.pop("world_size", None)
     return sizes[0], rest
 
 
@@ -339,15 +334,12 @@ def check_stages(model: nn.Module, stages: list[list[str]], warnings: list[FsdpW
                 )
             seen[n] = s
     left = [n for n in [*before, *layers, *after] if n not in seen and _has_params(model, n)]
-    if left:
-        warnings.append(
-            FsdpWarning(
-                "modules_in_no_stage",
-                "These modules hold parameters and are in no pipeline stage, so no stage runs "
-                "them (torchtitan's split drops them): " + ", ".join(repr(n) for n in left),
-                left,
-            )
-        )
+    warnings += FsdpWarning.naming(
+        "modules_in_no_stage",
+        "These modules hold parameters and are in no pipeline stage, so no stage runs "
+        "them (torchtitan's split drops them): ",
+        left,
+    )
 
 
 def _has_params(model: nn.Module, name: str) -> bool:

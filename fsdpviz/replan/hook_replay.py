@@ -58,11 +58,9 @@ from fsdpviz.plan.fsdp1 import optimizer_fields as fsdp1_trainable
 from fsdpviz.plan.fsdp1_options import FSDP1Options
 from fsdpviz.plan.fsdp2 import check_reshard_ints, prefetch_indices
 from fsdpviz.plan.fsdp2_group import Group, accumulated_grad_dtype, restate_resharding
-from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims, mesh_ranks, offloads
+from fsdpviz.plan.fsdp2_options import context_parallel_mesh, offloads, parse_mesh, read_mesh
 from fsdpviz.plan.fsdp2_shards import shard_fields
 from fsdpviz.plan.option_specs import RESHARD
-from fsdpviz.plan.options import check_world_size
-from fsdpviz.plan.tensor_parallel import parse_tp_mesh
 from fsdpviz.plan.torch_fsdp import torch_fsdp
 from fsdpviz.replan.precision_replay import PRECISION_OPTION, with_reduce_dtype
 from fsdpviz.schedule.fsdp1_runtime import FSDP1Runtime
@@ -72,6 +70,7 @@ from fsdpviz.schedule.micro_steps import run_micro_steps
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event
 from fsdpviz.schema.keywords import PlanKwargs
+from fsdpviz.schema.mesh import ParallelDims
 from fsdpviz.schema.names import unit_label
 from fsdpviz.schema.profile import StepProfile, TraceProfile
 from fsdpviz.schema.report import DTYPE_SIZES, Report, Unit
@@ -151,7 +150,7 @@ def _shapes(report: Report) -> dict[str, list[int]]:
     for m in report.modules:
         for name, shape in m.params.items():
             out[f"{m.fqn}.{name}" if m.fqn else name] = list(shape)
-    tp = report.config.mesh_dims.tp
+    tp = report.config.parallel_dims.tp
     if tp > 1:
         for u in report.units:
             for p, placement in u.tp_placements.items():
@@ -257,7 +256,8 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
             "a report on a 2-D mesh does not say which dimension a new world_size changes; "
             "replay it with the new mesh= (or mesh=None and world_size=N for one dimension)"
         )
-    ws, shard, mesh = _tp_mesh(cfg, changes) if cfg.tp_world_size else _mesh(cfg, changes)
+    ranks, mesh = _mesh(cfg, changes)
+    ws, shard = ranks.world_size, ranks.dp_shard_cp
     offload = cfg.cpu_offload
     if "offload_policy" in changes:
         offload = offloads(changes["offload_policy"])
@@ -300,7 +300,7 @@ def _replay_fsdp2(report: Report, changes: Mapping[str, Any]) -> Report:
     )
     # HSDP's replicas: the ranks over neither the shard nor the tp dimension; a 2-D data
     # parallel mesh all-reduces across them, one replica included
-    replayed = cfg.replace(world_size=ws, shard_world_size=shard, mesh=mesh).mesh_dims
+    replayed = cfg.replace(world_size=ws, shard_world_size=shard, mesh=mesh).parallel_dims
     f8 = report.config.float8 or {}
     gathered = {w for ws in float8_gathered(report).values() for w in ws}
     precomputed = bool(f8.get("precompute_float8_dynamic_scale_for_fsdp"))
@@ -415,89 +415,65 @@ def _check_tp_reductions(iterations: list[list[Event]], reducing: set[str]) -> N
         )
 
 
-def _mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict[str, int] | None]:
-    """The world size, the ranks a parameter is sharded over and the 2-D mesh (None: one
-    dimension) of a replay: ``mesh=`` as ``analyze`` takes it (one or two dimensions,
-    ``None`` for ``world_size`` ranks), else ``world_size``, else the report's."""
-    if "mesh" not in changes:
-        ws = check_world_size(changes.get("world_size", cfg.ranks))
-        if cfg.mesh is not None:
-            return ws, cfg.mesh_dims.dp_shard_cp, dict(cfg.mesh)
-        return ws, ws, None
-    given = changes["mesh"]
-    sizes, names, cp = _kept_context_parallel(cfg, given)
-    if sizes is None:
-        ws = check_world_size(changes.get("world_size", cfg.ranks))
-        return ws, ws, None
-    if len(sizes) > 2:
+def _mesh(
+    cfg: ReportConfig, changes: Mapping[str, Any]
+) -> tuple[ParallelDims, dict[str, int] | None]:
+    """The ranks by dimension of a replay and the mesh it states (None: one data-parallel
+    dimension): ``mesh=`` as ``analyze`` takes it (``None`` for ``world_size`` ranks), else
+    ``world_size``, else the report's. A tensor-parallel plan's data-parallel dimensions may
+    change, its tp dimension may not (the trace measured each rank's tp-local activations
+    and collectives); they change nothing the trace recorded: FSDP's shards of the tp-local
+    tensors (recomputed), its collectives' ranks, HSDP's replicas. Its cp dimension may not
+    change either (:func:`_kept_context_parallel`)."""
+    tp = cfg.parallel_dims.tp if cfg.tp_world_size else 0
+    if "mesh" not in changes and cfg.mesh is not None:
+        return cfg.parallel_dims, dict(cfg.mesh)
+    given = changes.get("mesh")
+    sizes = _kept_context_parallel(cfg, given)
+    if tp and (sizes is None or not 2 <= len(sizes) <= 3):
+        tp_name = list(cfg.mesh or ())[-1]
+        raise ConfigError(
+            f"mesh={given!r} cannot be replayed on a plan with tensor parallelism: give its "
+            f"data-parallel dimensions and its {tp_name} dimension of {tp} last, e.g. "
+            f"('dp_shard', N, {tp_name!r}, {tp}), or call fsdpviz.analyze"
+        )
+    if not tp and sizes is not None and len(sizes) > 2:
         raise ConfigError(
             f"mesh={given!r} has {len(sizes)} data-parallel dimensions; a plan without tensor "
             "parallelism has one or two (shard, or replicate x shard)"
         )
-    ws = mesh_ranks(changes, mesh_dims(given, 4)[0] or ())
-    if cp > 1:  # FSDP shards over dp_shard x cp
-        return ws, sizes[-1] * cp, {**dict(zip(names, sizes, strict=True)), "cp": cp}
-    if len(sizes) == 1:
-        return ws, ws, None
-    dims = names or ("replicate", "shard")
-    return ws, sizes[1], dict(zip(dims, sizes, strict=True))
-
-
-def _kept_context_parallel(
-    cfg: ReportConfig, given: Any
-) -> tuple[tuple[int, ...] | None, tuple[str, ...], int]:
-    """``mesh=`` of a replay without its cp dimension (its sizes and names), and that
-    dimension's size, which must be the report's: the trace ran each rank's share of every
-    sequence and its ring attention."""
-    sizes, names = mesh_dims(given, 4)
-    cp, rest, rest_names = context_parallel_mesh(sizes, names)
-    if cp != cfg.mesh_dims.cp:
+    kwargs = {"mesh": given} if given is not None else {"world_size": cfg.ranks}
+    if "world_size" in changes:
+        kwargs["world_size"] = changes["world_size"]
+    read = read_mesh(kwargs, True if tp else None)
+    dims = read.parallel_dims
+    if tp and dims.tp != tp:
         raise ConfigError(
-            f"mesh={given!r} has context parallelism over {cp} rank(s) where the report has "
-            f"{cfg.mesh_dims.cp}, which a replay keeps (the trace ran each rank's share of every "
-            "sequence and its ring attention): keep the cp dimension as it is, or call "
-            "fsdpviz.analyze with the new mesh"
-        )
-    return rest, rest_names, cp
-
-
-def _tp_mesh(cfg: ReportConfig, changes: Mapping[str, Any]) -> tuple[int, int, dict[str, int]]:
-    """A tensor-parallel plan's world size, dp shard ranks and mesh under ``changes``'
-    ``mesh=`` (as ``analyze`` takes it): its data-parallel dimensions may change, its tp
-    dimension may not (the trace measured each rank's tp-local activations and collectives).
-    The data-parallel ones change nothing the trace recorded: FSDP's shards of the tp-local
-    tensors (recomputed), its collectives' ranks, HSDP's replicas."""
-    assert cfg.mesh is not None
-    if "mesh" not in changes:
-        return cfg.ranks, cfg.mesh_dims.dp_shard_cp, dict(cfg.mesh)
-    given, mine = changes["mesh"], cfg.mesh_dims.tp
-    dp_sizes, dp_names, cp = _kept_context_parallel(cfg, given)
-    tp_name = list(cfg.mesh)[-1]
-    if dp_sizes is None or not 2 <= len(dp_sizes) <= 3:
-        raise ConfigError(
-            f"mesh={given!r} cannot be replayed on a plan with tensor parallelism: give its "
-            f"data-parallel dimensions and its {tp_name} dimension of {mine} last, e.g. "
-            f"('dp_shard', N, {tp_name!r}, {mine}), or call fsdpviz.analyze"
-        )
-    dp, dp_given, tp, name = parse_tp_mesh(dp_sizes, dp_names, True)
-    if tp != mine:
-        raise ConfigError(
-            f"mesh={given!r} changes the tensor-parallel dimension ({tp_name} "
-            f"{mine}), which a replay keeps (the trace measured each rank's tp-local "
+            f"mesh={given!r} changes the tensor-parallel dimension ({list(cfg.mesh or ())[-1]} "
+            f"{tp}), which a replay keeps (the trace measured each rank's tp-local "
             "activations and collectives); call fsdpviz.analyze with the new mesh"
         )
-    ws = mesh_ranks(changes, mesh_dims(given, 4)[0] or ())
-    if not cfg.requires_all_reduce and len(dp) != 2 and changes.get("grad_accum") != 1:
+    if tp and not cfg.requires_all_reduce and not dims.hsdp and changes.get("grad_accum") != 1:
         raise ConfigError(
             "requires_all_reduce=False skips HSDP's all-reduce across the replicas of a 2-D "
             "mesh; this mesh has none (give dp_replicate and dp_shard)"
         )
-    if not dp_given:  # as analyze names an unnamed mesh's dimensions
-        dp_given = {1: ("dp_shard",), 2: ("dp_replicate", "dp_shard")}[len(dp)]
-    mesh = dict(zip(dp_given, dp, strict=True))
-    if cp > 1:  # FSDP shards over dp_shard x cp
-        mesh["cp"] = cp
-    return ws, dp[-1] * cp, {**mesh, name: tp}
+    return dims, read.stated(bool(tp))
+
+
+def _kept_context_parallel(cfg: ReportConfig, given: Any) -> tuple[int, ...] | None:
+    """The sizes of ``mesh=`` of a replay without its cp dimension, whose size must be the
+    report's: the trace ran each rank's share of every sequence and its ring attention."""
+    sizes, names = parse_mesh(given, 4)
+    cp, rest, _ = context_parallel_mesh(sizes, names)
+    if cp != cfg.parallel_dims.cp:
+        raise ConfigError(
+            f"mesh={given!r} has context parallelism over {cp} rank(s) where the report has "
+            f"{cfg.parallel_dims.cp}, which a replay keeps (the trace ran each rank's share of "
+            "every sequence and its ring attention): keep the cp dimension as it is, or call "
+            "fsdpviz.analyze with the new mesh"
+        )
+    return rest
 
 
 def _fsdp2_entry(name: str, index: int, arg: Any) -> tuple[str, int, Any]:

@@ -214,7 +214,7 @@ class StoredTrace:
             return None
         if opts.unshard_in_backward is not True:  # what backward reads is not measured here
             return None
-        if opts.dims.cp > 1:  # the trace ran whole sequences, no ring attention
+        if opts.parallel_dims.cp > 1:  # the trace ran whole sequences, no ring attention
             return None
         if opts.torch.hooks_enter_dataclasses != self.rules.hooks_enter_dataclasses:
             return None

@@ -344,29 +344,21 @@ def runtime_warnings(
         )
     used = {h.name for h in runtime.pre_forward_order}
     unused = [u.fqn for u in plan.units if u.has_params and u.fqn not in used]
-    if unused:
-        out.append(
-            FsdpWarning(
-                "unit_unused_in_forward",
-                "These units never ran in the forward, so FSDP never all-gathers them: "
-                + ", ".join(repr(n) for n in unused),
-                unused,
-            )
-        )
+    out += FsdpWarning.naming(
+        "unit_unused_in_forward",
+        "These units never ran in the forward, so FSDP never all-gathers them: ",
+        unused,
+    )
     gathered_in_bwd = {
         e.unit for e in iterations[-1] if e.kind == "all_gather" and e.phase == "backward"
     }
     reduced = {e.unit for e in iterations[-1] if e.kind in ("reduce_scatter", "all_reduce")}
     no_grad = sorted(gathered_in_bwd - reduced - {u.fqn for u in plan.units if not u.requires_grad})
-    if no_grad:
-        out.append(
-            FsdpWarning(
-                "gathered_without_gradient",
-                "These units are all-gathered in backward but get no gradient reduction: "
-                + ", ".join(repr(n) for n in no_grad),
-                no_grad,
-            )
-        )
+    out += FsdpWarning.naming(
+        "gathered_without_gradient",
+        "These units are all-gathered in backward but get no gradient reduction: ",
+        no_grad,
+    )
     return out
 
 

@@ -25,7 +25,7 @@ from fsdpviz.plan.tensor_parallel import (
     unfrozen_warning,
 )
 from fsdpviz.schedule.cp_emulation import CPEmulation, compiled_names, shard_sequence
-from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
+from fsdpviz.schedule.fsdp2_emulation import emulations
 from fsdpviz.schedule.fsdp2_runtime import FSDP2Runtime
 from fsdpviz.schedule.micro_steps import run_micro_steps
 from fsdpviz.schedule.tp_emulation import TPEmulation
@@ -87,14 +87,8 @@ def analyze_fsdp2(
         groups = plan_groups(copy, opts, originals, original_params(model, mapping), ignored)
     check_groups(copy, groups, opts)
     _check_context_parallel(opts, device, profile)
-    emulation = FSDP2Emulation(copy, groups, opts)
+    emulation, tp = emulations(copy, groups, opts, gpus_per_node)
     runtime = emulation.runtime
-    # parallelize_module's hooks run after FSDP2's pre-forward and before its post-forward
-    tp = (
-        TPEmulation(copy, opts.tp, groups, runtime, opts.job, gpus_per_node)
-        if opts.tp is not None
-        else None
-    )
     n_modules = sum(1 for _ in copy.modules())
     where = "the meta device" if device == "meta" else "the model's device"
     with progress_bar(n_modules, "fsdpviz trace", opts.progress) as bar:
@@ -104,12 +98,12 @@ def analyze_fsdp2(
             CPEmulation(
                 groups,
                 runtime,
-                opts.dims.cp,
+                opts.parallel_dims.cp,
                 tracker,
                 compiled_names(copy, opts.job, compiled),
-                opts.dims.tp if opts.tp is not None else 1,
+                opts.parallel_dims.tp if opts.tp is not None else 1,
             )
-            if opts.dims.cp > 1
+            if opts.parallel_dims.cp > 1
             else None
         )
         probe: CostProbe | None = None
@@ -222,9 +216,9 @@ def check_unshard_in_backward(groups: list[Group], probe: CostProbe | None) -> N
 
 
 def _check_context_parallel(opts: FSDP2Options, device: str, profile: bool) -> None:
-    if opts.dims.cp <= 1:
+    if opts.parallel_dims.cp <= 1:
         return
-    if opts.tp is not None and opts.dims.tp > 1 and not profile:
+    if opts.tp is not None and opts.parallel_dims.tp > 1 and not profile:
         raise ConfigError(
             "context parallelism together with tensor parallelism is planned from the trace's "
             "profile (which tensors a rank holds a 1/tp share of: the heads its ring passes "
@@ -245,7 +239,7 @@ def parallelized(model: nn.Module, opts: FSDP2Options, plan: Any) -> tuple[FSDP2
     """``opts`` with ``parallelize_module``'s ``plan`` read on ``model`` (its float8 styles
     checked), and the parameters it leaves trainable as ``parallelize_module`` does
     (:meth:`~fsdpviz.plan.tensor_parallel.TPPlan.unfreeze`)."""
-    opts = opts.replace(tp=resolve_plan(model, plan, opts.dims.tp, opts.tp_name))
+    opts = opts.replace(tp=resolve_plan(model, plan, opts.parallel_dims.tp, opts.tp_name))
     assert opts.tp is not None
     job = opts.job
     recipe = job.float8.recipe_name if job.float8 else None
@@ -327,7 +321,7 @@ def _ignored(copy: nn.Module, groups: list[Group], opts: FSDP2Options) -> list[I
     params = dict(copy.named_parameters())
     out = []
     for q in infos:
-        shape = local_shape(q.shape, layouts.get(id(params[q.fqn])), opts.dims.tp)
+        shape = local_shape(q.shape, layouts.get(id(params[q.fqn])), opts.parallel_dims.tp)
         size = q.bytes // max(math.prod(q.shape), 1)
         out.append(replace(q, shape=shape, bytes=size * math.prod(shape)))
     return out
@@ -408,56 +402,41 @@ def group_warnings(
     incomplete: list[str],
 ) -> list[FsdpWarning]:
     out: list[FsdpWarning] = []
-    if view_outputs:
-        warns = "FSDP2 warns" if opts.torch.warns_view_output else "FSDP2 of torch 2.13+ warns"
-        out.append(
-            FsdpWarning(
-                "view_output",
-                f"These fully_shard modules return a view tensor ({warns}): an in-place op "
-                "on it (x += y) silently drops the pre-backward hook and skips the all-gather. "
-                "Use out-of-place ops or .clone() the output: "
-                + ", ".join(repr(n) for n in view_outputs),
-                view_outputs,
-            )
-        )
-    if incomplete:
-        out.append(
-            FsdpWarning(
-                "grouped_forward_incomplete",
-                f"Some modules of these grouped fully_shard calls did not run forward before "
-                f"backward, so FSDP2 of {opts.torch.name} never ran their post-forward: the "
-                "parameters stay unsharded until the end of backward and their pre-backward "
-                "hooks are never registered (FSDP2 warns; torch 2.13 completes such a group "
-                "in the root's post-forward). Group only modules that run forward together: "
-                + ", ".join(repr(n) for n in incomplete),
-                incomplete,
-            )
-        )
+    warns = "FSDP2 warns" if opts.torch.warns_view_output else "FSDP2 of torch 2.13+ warns"
+    out += FsdpWarning.naming(
+        "view_output",
+        f"These fully_shard modules return a view tensor ({warns}): an in-place op "
+        "on it (x += y) silently drops the pre-backward hook and skips the all-gather. "
+        "Use out-of-place ops or .clone() the output: ",
+        view_outputs,
+    )
+    out += FsdpWarning.naming(
+        "grouped_forward_incomplete",
+        f"Some modules of these grouped fully_shard calls did not run forward before "
+        f"backward, so FSDP2 of {opts.torch.name} never ran their post-forward: the "
+        "parameters stay unsharded until the end of backward and their pre-backward "
+        "hooks are never registered (FSDP2 warns; torch 2.13 completes such a group "
+        "in the root's post-forward). Group only modules that run forward together: ",
+        incomplete,
+    )
     ran = set(forward_order)
     unused = [g.name for g in groups if g.params and g.name not in ran]
-    if unused:
-        out.append(
-            FsdpWarning(
-                "unit_unused_in_forward",
-                "These fully_shard groups never ran in the forward, so FSDP2 never all-gathers "
-                "them: " + ", ".join(repr(n) for n in unused),
-                unused,
-            )
-        )
+    out += FsdpWarning.naming(
+        "unit_unused_in_forward",
+        "These fully_shard groups never ran in the forward, so FSDP2 never all-gathers them: ",
+        unused,
+    )
     mixed = [
         g.name
         for g in groups
         if g.schema is not None and g.schema.requires_grad is None and g.params
     ]
-    if mixed:
-        out.append(
-            FsdpWarning(
-                "frozen_mixed",
-                "These groups mix frozen and trainable parameters; only the trainable ones "
-                "are reduce-scattered: " + ", ".join(repr(n) for n in mixed),
-                mixed,
-            )
-        )
+    out += FsdpWarning.naming(
+        "frozen_mixed",
+        "These groups mix frozen and trainable parameters; only the trainable ones "
+        "are reduce-scattered: ",
+        mixed,
+    )
     return out
 
 

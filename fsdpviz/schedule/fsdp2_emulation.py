@@ -24,6 +24,7 @@ from fsdpviz.plan.fsdp2_group import Group
 from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.torch_fsdp import grad_tensors, replace_grad_tensors
 from fsdpviz.schedule.fsdp2_runtime import Float8Scales, FSDP2Runtime, weight_scales
+from fsdpviz.schedule.tp_emulation import TPEmulation
 
 
 class _PostBackward(torch.autograd.Function):
@@ -61,7 +62,7 @@ def float8_scales(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> 
         if id(p) in linears
     }
     units = [g.schema for g in groups if g.schema is not None]
-    tp = opts.tp is not None and opts.dims.tp > 1
+    tp = opts.tp is not None and opts.parallel_dims.tp > 1
     return weight_scales(units, weights, spec.precompute_float8_dynamic_scale_for_fsdp, tp)
 
 
@@ -69,12 +70,26 @@ def fsdp2_runtime(model: nn.Module, groups: list[Group], opts: FSDP2Options) -> 
     """The runtime of ``opts``' plan of ``model`` in ``groups``, its explicit prefetches set:
     what every driver of FSDP2's hooks (a trace, a stored trace, a pipeline stage) runs."""
     scales = float8_scales(model, groups, opts)
-    runtime = FSDP2Runtime(groups, opts.dims, opts.offload, opts.torch, scales)
+    runtime = FSDP2Runtime(groups, opts.parallel_dims, opts.offload, opts.torch, scales)
     runtime.set_prefetch(
         prefetch_indices(opts.forward_prefetch, groups, "forward_prefetch"),
         prefetch_indices(opts.backward_prefetch, groups, "backward_prefetch"),
     )
     return runtime
+
+
+def emulations(
+    model: nn.Module, groups: list[Group], opts: FSDP2Options, gpus_per_node: int | None
+) -> tuple[FSDP2Emulation, TPEmulation | None]:
+    """FSDP2's hooks on ``model`` and, under tensor parallelism, ``parallelize_module``'s,
+    whose hooks run after FSDP2's pre-forward and before its post-forward, both reporting
+    to the one runtime (``gpus_per_node``: the machine's, for DTensor's mm strategies)."""
+    emulation = FSDP2Emulation(model, groups, opts)
+    if opts.tp is None:
+        return emulation, None
+    return emulation, TPEmulation(
+        model, opts.tp, groups, emulation.runtime, opts.job, gpus_per_node
+    )
 
 
 class FSDP2Emulation:

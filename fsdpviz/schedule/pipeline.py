@@ -85,9 +85,9 @@ def _analyze(
     pp, rest = split_pipeline_mesh(dict(kwargs))
     pipe = {k: rest.pop(k) for k in list(rest) if k in PIPELINE_KEYS}
     opts = parse_fsdp2_options(rest)
-    if opts.dims.cp > 1:
+    if opts.parallel_dims.cp > 1:
         raise ConfigError(
-            f"context parallelism (cp {opts.dims.cp}) under pipeline parallelism is not "
+            f"context parallelism (cp {opts.parallel_dims.cp}) under pipeline parallelism is not "
             "modelled yet (each stage's ring attention on its share of every sequence): plan "
             "the mesh without one of them (PP x FSDP, or FSDP x cp)"
         )

@@ -215,10 +215,10 @@ def _config(popts: PipelineOptions, traces: list[StageTrace], groups: list[Group
         nodes = [t.tp_strategy_gpus_per_node for t in traces if t.tp_strategy_gpus_per_node]
         if nodes:
             changes["tp_strategy_gpus_per_node"] = nodes[0]
-    mesh = {"pp": popts.pp_size, **(base.mesh or {"dp_shard": opts.dims.dp_shard_cp})}
+    mesh = {"pp": popts.pp_size, **(base.mesh or {"dp_shard": opts.parallel_dims.dp_shard_cp})}
     return base.replace(
         world_size=math.prod(mesh.values()),
-        shard_world_size=opts.dims.dp_shard_cp,
+        shard_world_size=opts.parallel_dims.dp_shard_cp,
         mesh=mesh,
         pp_world_size=popts.pp_size,
         pipeline_schedule=popts.schedule,

@@ -31,9 +31,8 @@ from fsdpviz.plan.fsdp2_options import FSDP2Options
 from fsdpviz.plan.pipeline import PipelineOptions, split_module
 from fsdpviz.plan.tensor_parallel import unfrozen_warning
 from fsdpviz.schedule.fsdp2 import check_unshard_in_backward, fsdp2_probe, parallelized
-from fsdpviz.schedule.fsdp2_emulation import FSDP2Emulation
+from fsdpviz.schedule.fsdp2_emulation import emulations
 from fsdpviz.schedule.pipeline_split import SplitBackward, SplitKey, SplitTraces, split_backward
-from fsdpviz.schedule.tp_emulation import TPEmulation
 from fsdpviz.schema.names import some_names
 from fsdpviz.schema.pipeline import stage_root
 from fsdpviz.schema.profile import TraceProfile
@@ -285,13 +284,8 @@ def _trace_stage(
     split: tuple[SplitKey, SplitBackward] | None = None,
     gpus_per_node: int | None = None,
 ) -> tuple[StageTrace, Any, list[Fraction | None]]:
-    emulation = FSDP2Emulation(part, groups, opts)
+    emulation, tp = emulations(part, groups, opts, gpus_per_node)
     runtime = emulation.runtime
-    tp = (
-        TPEmulation(part, opts.tp, groups, runtime, opts.job, gpus_per_node)
-        if opts.tp is not None
-        else None
-    )
     tracker = ModuleTracker(part, on_call=bar.tick)
     probe: CostProbe | None = None
 

@@ -98,3 +98,20 @@ CheckpointSpec = (
     | None
 )
 """What ``activation_checkpointing=`` takes (``None``: no checkpointing)."""
+
+
+def outermost_picked(model: nn.Module, picks: Callable[[nn.Module], bool]) -> list[nn.Module]:
+    """The modules of ``model`` (itself aside) that ``picks`` chooses, in module order, none
+    inside another: a module chosen is not looked into (the blocks checkpointed, or compiled,
+    one by one)."""
+    chosen: list[nn.Module] = []
+
+    def visit(m: nn.Module) -> None:
+        if m is not model and picks(m):
+            chosen.append(m)
+            return
+        for child in m.children():
+            visit(child)
+
+    visit(model)
+    return chosen

@@ -152,7 +152,7 @@ class ReportConfig(Mapping[str, Any]):
     @property
     def ranks(self) -> int:
         """The ranks the schedule runs on: ``world_size``, or 1 when the report does not say."""
-        return self.mesh_dims.world_size
+        return self.parallel_dims.world_size
 
     @property
     def whose_fsdp(self) -> str:
@@ -162,7 +162,7 @@ class ReportConfig(Mapping[str, Any]):
         return f"{api} of torch {self.torch_version}" if self.torch_version else api
 
     @cached_property
-    def mesh_dims(self) -> ParallelDims:
+    def parallel_dims(self) -> ParallelDims:
         """The job's ranks by mesh dimension, from the counts the report states: FSDP's shard
         group (``shard_world_size``, FSDP2's ``dp_shard x cp``; all ranks where not stated),
         the replicas (FSDP1: its hybrid strategy's shard groups; FSDP2: the ranks the
@@ -207,7 +207,11 @@ class ReportConfig(Mapping[str, Any]):
         resharded over after forward, when that is neither all its shard ranks nor none
         (torch takes ``N`` equal to the shard dimension's size as ``True``)."""
         value = self.resharding(unit)
-        if isinstance(value, bool) or value is None or not 1 < value < self.mesh_dims.dp_shard_cp:
+        if (
+            isinstance(value, bool)
+            or value is None
+            or not 1 < value < self.parallel_dims.dp_shard_cp
+        ):
             return None
         return value
 

@@ -4,8 +4,8 @@ One object owns the rank arithmetic, as torchtitan's ``ParallelDims`` does: the 
 pipeline, data (replicate and shard), context and tensor parallelism, the job's world size,
 and what the rest of fsdpviz asks of them (the ranks FSDP shards a unit over, the replicas
 whose gradients are all-reduced, whether a plan is HSDP, the data-parallel ranks, the mesh
-as ``init_device_mesh`` takes it). A report's is :attr:`ReportConfig.mesh_dims
-<fsdpviz.schema.config.ReportConfig.mesh_dims>`, derived from the config's counts, never
+as ``init_device_mesh`` takes it). A report's is :attr:`ReportConfig.parallel_dims
+<fsdpviz.schema.config.ReportConfig.parallel_dims>`, derived from the config's counts, never
 stored.
 
 Example::
@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from fsdpviz.errors import ConfigError
 
@@ -181,6 +181,21 @@ class ParallelDims:
         dp_shard x cp`` (torchtitan's ``dp_cp``, the loss's all-reduce), taken from
         ``world_size`` (FSDP1's ``NO_SHARD`` all-reduces over these ranks)."""
         return self.world_size // (self.tp * self.pp)
+
+    @property
+    def meshed(self) -> ParallelDims:
+        """These degrees as a mesh of them has them, their product ``world_size``: where
+        they fall short (FSDP1's ``NO_SHARD``, which all-reduces each gradient over its
+        whole group), every data-parallel rank a replica and ``dp_shard`` 1, as
+        torchtitan's DDP.
+
+        Example::
+
+            ParallelDims.fsdp1(8, 8, "NO_SHARD").meshed.dp_replicate  # 8
+        """
+        if self.dp * self.cp * self.tp * self.pp == self.world_size:
+            return self
+        return replace(self, dp_replicate=self.dp_cp // self.cp, dp_shard=1)
 
     def post_forward(self, ranks: int) -> tuple[int, int]:
         """FSDP2's shard group as resharding to ``ranks`` after forward splits it for the

@@ -277,6 +277,18 @@ class FsdpWarning(Record):
     fix: dict[str, object] = field(default_factory=dict, metadata=OMIT_EMPTY)
     frees: int | None = field(default=None, metadata=OMIT_EMPTY)
 
+    @classmethod
+    def naming(cls, code: str, message: str, units: list[str]) -> list[FsdpWarning]:
+        """The warning ``code`` about ``units``, its ``message`` ending in their names (none
+        where there are no units).
+
+        Example::
+
+            FsdpWarning.naming("frozen_mixed", "These groups mix ...: ", ["layers.0"])
+            # [FsdpWarning('frozen_mixed', "These groups mix ...: 'layers.0'", ['layers.0'])]
+        """
+        return [cls(code, message + ", ".join(repr(u) for u in units), units)] if units else []
+
 
 def option_text(fix: Mapping[str, object], api: str = "FSDP1") -> str:
     """A warning's ``fix`` as :func:`fsdpviz.analyze` takes it (``use_cache``: as the model

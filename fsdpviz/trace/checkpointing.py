@@ -36,7 +36,12 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from fsdpviz.errors import ConfigError
-from fsdpviz.schema.checkpointing import CheckpointEvery, CheckpointSpec, SelectiveCheckpoint
+from fsdpviz.schema.checkpointing import (
+    CheckpointEvery,
+    CheckpointSpec,
+    SelectiveCheckpoint,
+    outermost_picked,
+)
 from fsdpviz.trace.copy import asked_of_originals
 
 _aten = torch.ops.aten
@@ -68,20 +73,8 @@ def checkpointed_modules(model: nn.Module, spec: CheckpointSpec) -> list[nn.Modu
             "activation_checkpointing must be a list of module classes, a callable "
             f"module -> bool, a SelectiveCheckpoint or a CheckpointEvery, got {spec!r}"
         )
-    chosen: list[nn.Module] = []
-    seen = [0]  # modules picked so far, checkpointed or not (CheckpointEvery counts them)
-
-    def visit(m: nn.Module) -> None:
-        if m is not model and picks(m):
-            seen[0] += 1
-            if seen[0] % every == 0:
-                chosen.append(m)
-            return
-        for child in m.children():
-            visit(child)
-
-    visit(model)
-    return chosen
+    # every n-th module picked, checkpointed or not (CheckpointEvery counts them all)
+    return [m for i, m in enumerate(outermost_picked(model, picks), 1) if i % every == 0]
 
 
 class CheckpointingDict(TypedDict):

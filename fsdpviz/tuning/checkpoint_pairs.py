@@ -46,6 +46,15 @@ Batch = dict[Key, tuple[Config, bool]]
 the one as given."""
 
 
+def _with(
+    key: Key, own: int, config: Config, choice: Choice, key_of: Callable[[Config], Key]
+) -> Sibling:
+    """``config`` with ``choice`` for checkpointing, and its trace key: ``key_of``'s, with
+    what ``key`` (``config``'s trace key) adds after its first ``own`` entries."""
+    sibling = {**config, _KNOB: choice}
+    return (*key_of(sibling), *key[own:]), sibling
+
+
 class PairSearch(Protocol):
     """What the pairs ask of their search (:class:`~fsdpviz.tuning.evaluation.Evaluations`)."""
 
@@ -89,8 +98,6 @@ class CheckpointPairs:
         # each pair's capture (None: not exact) and the n it is still to be asked for, by
         # its siblings' trace keys (let go once asked for each)
         self._captures: dict[tuple[Key, Key], tuple[CheckpointCapture | None, set[int]]] = {}
-        specs = [c.kwargs.get(_KNOB) for c in choices]
-        self._every = {s.every for s in specs if isinstance(s, CheckpointEvery) and s.every > 1}
 
     @staticmethod
     def siblings(
@@ -113,11 +120,8 @@ class CheckpointPairs:
         own = key_of(config)
         if blocks is None or none is None or each is None or key[: len(own)] != own:
             return None
-        out = []
-        for choice in (none, each):
-            sibling = {**config, _KNOB: choice}
-            out.append(((*key_of(sibling), *key[len(own) :]), sibling))
-        return out[0], out[1], spec.every
+        without, with_each = (_with(key, len(own), config, c, key_of) for c in (none, each))
+        return without, with_each, spec.every
 
     def derive(
         self, key: Key, config: Config, trace: Callable[[Key, Config], Any]
@@ -133,10 +137,10 @@ class CheckpointPairs:
         pair = self._pair(key, config, first)
         if pair is None:
             return None
-        (k0, c0), (k1, _), n = pair
+        (k0, _), (k1, _), n, family = pair
         one = self.search.trace_of(k0)
         assert one is not None
-        plan = self.derived((k0, k1), n, self.search.trace_key(c0, any_batch=True))
+        plan = self.derived((k0, k1), n, family, lambda: self._to_ask(key, config))
         return None if plan is None else (plan, one.changes.copy())
 
     def left_to_derive(self, todo: Batch) -> Batch:
@@ -174,12 +178,12 @@ class CheckpointPairs:
         config: Config,
         first: Callable[[Key, Config], TuneKwargs | None],
         batch: Batch | None = None,
-    ) -> tuple[Sibling, Sibling, int] | None:
-        """``config``'s siblings and ``n`` (``key``: its trace key) where both siblings'
-        traces are there (:meth:`_made_with`), made with the same keywords; where one is,
-        made with ``config``'s own, and the search traces ahead for ``key``, the other is
-        made ``first`` (what the search will have for it; None: nothing yet), unless its
-        family was refused (for ``n``). None: no pair to derive from."""
+    ) -> tuple[Sibling, Sibling, int, Key] | None:
+        """``config``'s siblings, ``n`` and family (``key``: its trace key) where both
+        siblings' traces are there (:meth:`_made_with`), made with the same keywords; where
+        one is, made with ``config``'s own, and the search traces ahead for ``key``, the
+        other is made ``first`` (what the search will have for it; None: nothing yet),
+        unless its family was refused (for ``n``). None: no pair to derive from."""
         sibs = self.siblings(key, config, self.choices, self.search.trace_key)
         if sibs is None:
             return None
@@ -194,17 +198,40 @@ class CheckpointPairs:
                 there[missing] = first(*(s1 if missing else s0))
         one, two = there
         pairs = one is not None and two is not None and same_changes(one, two)
-        return sibs if pairs else None
+        return (s0, s1, n, family) if pairs else None
 
-    def derived(self, keys: tuple[Key, Key], n: int, family: Key) -> Report | None:
+    def _to_ask(self, key: Key, config: Config) -> set[int]:
+        """The ``n`` a capture of ``config``'s siblings may be asked for (``key``: its trace
+        key): of the choices that checkpoint every ``n``-th block of its class, those whose
+        configuration the search has not traced (a key traced is not derived)."""
+        spec = config[_KNOB].kwargs.get(_KNOB)
+        assert isinstance(spec, CheckpointEvery) and isinstance(spec.modules, (list, tuple))
+        blocks = list(spec.modules)
+        own = self.search.trace_key(config)
+        out = set()
+        for choice in self.choices:
+            other = choice.kwargs.get(_KNOB)
+            if not isinstance(other, CheckpointEvery) or other.every < 2:
+                continue
+            if not isinstance(other.modules, (list, tuple)) or list(other.modules) != blocks:
+                continue
+            sibling, _ = _with(key, len(own), config, choice, self.search.trace_key)
+            if self.search.trace_of(sibling) is None:
+                out.add(other.every)
+        return out
+
+    def derived(
+        self, keys: tuple[Key, Key], n: int, family: Key, to_ask: Callable[[], set[int]]
+    ) -> Report | None:
         """The plan that checkpoints every ``n``-th block from the traces of the siblings
-        ``keys`` (without checkpointing, with each block; their capture made once); None
-        where not exact (noted: no sibling of ``family`` is traced ahead any more where the
-        pair gave no capture, none for ``n`` where it did not derive ``n``)."""
+        ``keys`` (without checkpointing, with each block; their capture made once, kept
+        while an ``n`` of ``to_ask`` is still to be asked for); None where not exact (noted:
+        no sibling of ``family`` is traced ahead any more where the pair gave no capture,
+        none for ``n`` where it did not derive ``n``)."""
         if keys not in self._captures:
             one, two = (self.search.trace_of(k) for k in keys)
             assert one is not None and two is not None
-            self._captures[keys] = (checkpoint_capture(one.report, two.report), set(self._every))
+            self._captures[keys] = (checkpoint_capture(one.report, two.report), to_ask())
         capture, left = self._captures[keys]
         left.discard(n)
         if not left:

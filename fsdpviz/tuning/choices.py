@@ -22,7 +22,7 @@ from fsdpviz.tuning.float8_styles import (
     has_float8_styles,
     plain_tp_plan,
 )
-from fsdpviz.tuning.mesh_choices import MeshChoices, cp_degree, pipelined, tp_degree
+from fsdpviz.tuning.mesh_choices import MeshChoices, given_dims, pipelined
 from fsdpviz.tuning.space import (
     OWNED,
     PIPELINE_KNOBS,
@@ -236,11 +236,11 @@ class SpaceBuilder(MeshChoices):
             schedules = [user["pipeline"]] if "pipeline" in pinned else choices["pipeline"]
             meshes = self._pipeline_meshes(user_mesh, schedules, batch, "mesh" in pinned, refused)
             mine_mesh = meshes[0]
-        elif cp_degree(user_mesh) > 1:  # the job's context-parallel mesh, as given
+        elif given_dims(user_mesh).cp > 1:  # the job's context-parallel mesh, as given
             mine_mesh = self._context_parallel_mesh(user_mesh)
             meshes = [mine_mesh]
         else:
-            tp = tp_degree(user_mesh)
+            tp = given_dims(user_mesh).tp
             plan = user_mesh.get("parallelize_plan")
             self.tp_standard = plan is None
             if plan is None:

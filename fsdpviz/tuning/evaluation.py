@@ -123,7 +123,7 @@ class Evaluations:
         micro-batch's samples."""
         mesh = config["mesh"]
         # a tp mesh's trace is that of its tp degree: a replay changes its dp dimensions
-        out: list[Any] = [mesh.label if mesh.traced else f"tp {mesh.mesh.tp}"]
+        out: list[Any] = [mesh.label if mesh.traced else f"tp {mesh.parallel_dims.tp}"]
         if self._traces_accum(config):
             out.append(config["micro_batch"].label)
         for knob in KNOBS:
@@ -153,7 +153,12 @@ class Evaluations:
         float8 choice named :data:`FLOAT8_TP`) as their plain twin off a tensor-parallel
         mesh: the same job there, under one name."""
         f8, mesh = config.get("float8"), config.get("mesh")
-        if f8 is None or mesh is None or mesh.mesh.tp > 1 or not f8.label.endswith(FLOAT8_TP):
+        if (
+            f8 is None
+            or mesh is None
+            or mesh.parallel_dims.tp > 1
+            or not f8.label.endswith(FLOAT8_TP)
+        ):
             return config
         plain = f8.label.removesuffix(f", {FLOAT8_TP}")
         twin = next((c for c in self.space.choices["float8"] if c.label == plain), None)
@@ -165,7 +170,7 @@ class Evaluations:
         tensor parallelism inside a pipeline (a replay keeps no pipeline). Under tensor
         parallelism alone they replay (each micro-step issues the parallel styles'
         collectives, as the trace recorded them)."""
-        if config["mesh"].mesh.tp > 1 and self.space.pipelined:
+        if config["mesh"].parallel_dims.tp > 1 and self.space.pipelined:
             return True
         prefetch = config.get("forward_prefetch")
         return prefetch is not None and bool(prefetch.kwargs.get("forward_prefetch"))
@@ -538,21 +543,21 @@ class Evaluations:
         mine = config["mesh"]
         if self.space.pipelined:  # a pipeline is never replayed: each is traced
             return [config]
-        if mine.mesh.tp > 1:  # its data-parallel layouts alone (see _variants)
+        if mine.parallel_dims.tp > 1:  # its data-parallel layouts alone (see _variants)
             if mine.traced:
                 return [config]
-            ws, tp = mine.mesh.world_size, mine.mesh.tp
+            ws, tp = mine.parallel_dims.world_size, mine.parallel_dims.tp
             layouts = [
                 m
                 for m in self.space.choices["mesh"]
-                if m.mesh.world_size == ws and m.mesh.tp == tp and not m.traced
+                if m.parallel_dims.world_size == ws and m.parallel_dims.tp == tp and not m.traced
             ]
             return [{**config, "mesh": m} for m in layouts] or [config]
         options = []
         for knob in replayed:
             values = self.space.choices[knob]
             if knob == "mesh":
-                plain = [c for c in values if c.mesh.tp == 1 and not c.traced]
+                plain = [c for c in values if c.parallel_dims.tp == 1 and not c.traced]
                 values = [mine] if mine.traced else plain
             options.append(values)
         return [
@@ -578,7 +583,7 @@ class Evaluations:
         choice there (to a node: another number of ranks on a tensor-parallel mesh)."""
         out = {**config, "mesh": mesh}
         if RESHARD.name in config and self.api == "FSDP2":
-            tp = mesh.mesh.tp > 1 and not mesh.traced
+            tp = mesh.parallel_dims.tp > 1 and not mesh.traced
             offered = self._tp_resharding() if tp else self.space.choices[RESHARD.name]
             if config[RESHARD.name] not in offered:
                 out[RESHARD.name] = self.space.user[RESHARD.name]

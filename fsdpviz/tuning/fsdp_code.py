@@ -195,7 +195,7 @@ def fsdp2_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]
         fsdp_names.insert(0, "CPUOffloadPolicy")
     imports.append(f"from torch.distributed.fsdp import {', '.join(fsdp_names)}")
     lines = ["", *imports, ""]
-    dims = cfg.mesh_dims
+    dims = cfg.parallel_dims
     if hsdp_tp(cfg):  # as torchtitan builds it: FSDP over replicate x shard
         lines += [
             f'mesh = init_device_mesh("cuda", {(dims.dp_replicate, dims.dp_shard, dims.tp)}, '
@@ -246,7 +246,7 @@ def fsdp2_code(c: Candidate, before_shard: list[str] | None = None) -> list[str]
 
 def hsdp_tp(cfg: ReportConfig) -> bool:
     """Whether the mesh is HSDP x TP, ``dp_replicate x dp_shard x tp`` (no cp, no pp)."""
-    return bool(cfg.tp_world_size) and cfg.mesh_dims.hsdp and len(cfg.mesh or {}) == 3
+    return bool(cfg.tp_world_size) and cfg.parallel_dims.hsdp and len(cfg.mesh or {}) == 3
 
 
 def mp_policy_code(mp: Any) -> str:
@@ -389,7 +389,7 @@ def fsdp1_code(c: Candidate) -> list[str]:
     if cfg.process_group_size and cfg.sharding_strategy in HYBRID_STRATEGIES:
         # the shard groups as planned: without a mesh FSDP1 shards within each machine's
         # visible GPUs (torch.cuda.device_count(), _init_process_group_state_for_hybrid_shard)
-        replicate, shard = cfg.mesh_dims.dp_replicate, cfg.mesh_dims.dp_shard
+        replicate, shard = cfg.parallel_dims.dp_replicate, cfg.parallel_dims.dp_shard
         lines.append("from torch.distributed.device_mesh import init_device_mesh")
         lines.append(
             f"# hybrid sharding: shard within groups of {shard} ranks, replicated across them"

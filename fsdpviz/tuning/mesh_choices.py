@@ -14,7 +14,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from fsdpviz.cost.hardware import Machine
 from fsdpviz.errors import ConfigError, FsdpvizError
-from fsdpviz.plan.fsdp2_options import context_parallel_mesh, mesh_dims
+from fsdpviz.plan.fsdp2_options import context_parallel_mesh, parse_mesh
 from fsdpviz.plan.pipeline import (
     DEFAULT_SCHEDULE,
     parse_pipeline_options,
@@ -25,7 +25,7 @@ from fsdpviz.schedule.pipeline_order import rank_actions
 from fsdpviz.schema.mesh import ParallelDims
 from fsdpviz.tuning.space import PIPELINE_SCHEDULES, Choice, TuneKwargs, divisors, heads
 
-__all__ = ["MeshChoices", "cp_degree", "mesh_ranks", "pipelined", "tp_degree"]
+__all__ = ["MeshChoices", "given_dims", "mesh_ranks", "pipelined"]
 
 _PP_DIMS = frozenset({"pp", "dp_shard", "tp"})  # the meshes whose pp degree tune turns
 
@@ -74,15 +74,14 @@ class MeshChoices:
         with the degree, so the global batch and the tokens per rank per step stay. A degree
         is tried where its batch is whole and torchtitan's default split and the schedule
         take it; the pairs a schedule refuses go to ``refused``, each with a note."""
-        sizes, names = mesh_dims(given["mesh"], 4)
-        ranks = mesh_ranks(given["mesh"])
-        dims = dict(zip(names, sizes or (), strict=True))
-        pp, tp = int(dims.get("pp", 1)), int(dims.get("tp", 1))
+        _, names = parse_mesh(given["mesh"], 4)
+        user = given_dims(given)
+        ranks, pp, tp = user.world_size, user.pp, user.tp
         mine = Choice(
             "mesh",
             _pp_label(ParallelDims.filled(ranks, tp=tp, pp=pp)),
             given.copy(),
-            mesh=ParallelDims.filled(ranks),
+            parallel_dims=ParallelDims.filled(ranks),
             traced=True,
             pp=pp,
         )
@@ -129,7 +128,9 @@ class MeshChoices:
                     continue
             every = ParallelDims.filled(ranks)  # a pipeline's mesh: its degree is pp=
             out.append(
-                Choice("mesh", label, kw, samples=samples, mesh=every, traced=True, pp=degree)
+                Choice(
+                    "mesh", label, kw, samples=samples, parallel_dims=every, traced=True, pp=degree
+                )
             )
         return out
 
@@ -155,13 +156,15 @@ class MeshChoices:
         (torchtitan's ``dp_replicate x dp_shard x tp``: a node per shard group and its
         tensor-parallel ranks, where a node holds more than one shard)."""
         node = self.machine.gpus_per_node
-        out = [Choice("mesh", f"{ws} ranks", {"world_size": ws}, mesh=ParallelDims.filled(ws))]
+        out = [
+            Choice("mesh", f"{ws} ranks", {"world_size": ws}, parallel_dims=ParallelDims.filled(ws))
+        ]
         hsdp = self.api == "FSDP2" and ws > node and ws % node == 0
         if hsdp:
             h = ParallelDims.filled(ws, dp_replicate=-1, dp_shard=node)
             kw: TuneKwargs = {"mesh": h.mesh_arg}
             label = f"{ws} ranks (HSDP {h.dp_replicate} x {h.dp_shard})"
-            out.append(Choice("mesh", label, kw, mesh=h))
+            out.append(Choice("mesh", label, kw, parallel_dims=h))
         if self.api != "FSDP2" or plan is None:
             return out
         n_heads = heads(self.model)
@@ -174,13 +177,13 @@ class MeshChoices:
                 d = ParallelDims.filled(ws, tp=degree)
                 kw = {"mesh": d.mesh_arg, "parallelize_plan": plan}
                 label = f"{ws} ranks (FSDP {d.dp_shard} x TP {d.tp})"
-                out.append(Choice("mesh", label, kw, mesh=d))
+                out.append(Choice("mesh", label, kw, parallel_dims=d))
                 # a node per shard group and its tensor-parallel ranks
                 if hsdp and node % degree == 0 and node // degree > 1:
                     d = ParallelDims.filled(ws, dp_replicate=-1, dp_shard=node // degree, tp=degree)
                     kw = {"mesh": d.mesh_arg, "parallelize_plan": plan}
                     label = f"{ws} ranks (HSDP {d.dp_replicate} x {d.dp_shard} x TP {d.tp})"
-                    out.append(Choice("mesh", label, kw, mesh=d))
+                    out.append(Choice("mesh", label, kw, parallel_dims=d))
             degree *= 2
         return out
 
@@ -188,24 +191,24 @@ class MeshChoices:
         """The user's mesh with a context-parallel dimension, kept as given: the ranks that
         share each sequence are the job's, not a knob of tune's (its inputs are the whole
         sequences, its loss the share of each rank)."""
-        sizes, names = mesh_dims(given["mesh"], 4)
-        ranks = mesh_ranks(given["mesh"])
+        sizes, names = parse_mesh(given["mesh"], 4)
+        user = given_dims(given)
+        ranks = user.world_size
         if self.world_sizes != [ranks]:
             raise ConfigError(
                 f"the mesh {given['mesh']!r} has {ranks} ranks, and tune keeps a "
                 f"context-parallel mesh as given: leave world_size out or give {ranks}"
             )
-        tp = tp_degree(given)
         dims = " x ".join(f"{n} {v}" for n, v in zip(names, sizes or (), strict=True))
         self.notes.append(f"the mesh stays as given ({dims}): tune has no context-parallel knob")
         label = f"{ranks} ranks ({dims})"
-        mesh = ParallelDims.filled(ranks, cp=cp_degree(given), tp=tp)  # replicas in dp_shard
-        return Choice("mesh", label, given.copy(), mesh=mesh, traced=True)
+        # (given_dims counts its replicas in dp_shard)
+        return Choice("mesh", label, given.copy(), parallel_dims=user, traced=True)
 
     def _user_mesh(self, given: TuneKwargs, meshes: list[Choice]) -> Choice:
         ws0 = self.world_sizes[0]
         if "mesh" not in given:
-            return next(c for c in meshes if c.mesh.world_size == ws0)
+            return next(c for c in meshes if c.parallel_dims.world_size == ws0)
         wanted = _flat_mesh(given["mesh"])
         for c in meshes:
             if _flat_mesh(c.kwargs.get("mesh")) == wanted:
@@ -245,26 +248,24 @@ def _pp_label(dims: ParallelDims) -> str:
     return f"{dims.world_size} ranks ({' x '.join(parts)})"
 
 
-def tp_degree(given: Mapping[str, Any]) -> int:
-    """The tensor-parallel degree of the user's ``mesh=`` (its last dimension; 1: no
-    ``parallelize_plan``), of a mesh with a context-parallel dimension too
-    (``("dp_replicate", 2, "dp_shard", 2, "cp", 2, "tp", 2)``)."""
-    if "parallelize_plan" not in given or "mesh" not in given:
-        return 1
-    sizes, _ = mesh_dims(given["mesh"], 4)
-    return int(sizes[-1]) if sizes else 1
-
-
-def cp_degree(given: Mapping[str, Any]) -> int:
-    """The context-parallel degree of the user's ``mesh=`` (1: none)."""
+def given_dims(given: Mapping[str, Any]) -> ParallelDims:
+    """The user's ``mesh=`` by dimension, as tune keeps it: a ``pp`` dimension (a pipeline
+    job's degree), a context-parallel one (``cp``), the tensor-parallel one (the last, where
+    a ``parallelize_plan`` is given, with a cp dimension too: ``("dp_replicate", 2,
+    "dp_shard", 2, "cp", 2, "tp", 2)``), and the data-parallel ranks the others leave, all
+    in ``dp_shard``; one rank where no mesh is given."""
     if given.get("mesh") is None:
-        return 1
-    sizes, names = mesh_dims(given["mesh"], 4)
-    return context_parallel_mesh(sizes, names)[0]
+        return ParallelDims()
+    sizes, names = parse_mesh(given["mesh"], 4)
+    assert sizes is not None
+    pp = sizes[names.index("pp")] if "pp" in names else 1
+    tp = sizes[-1] if "parallelize_plan" in given else 1
+    cp = context_parallel_mesh(sizes, names)[0]
+    return ParallelDims.filled(math.prod(sizes), cp=cp, tp=tp, pp=pp)
 
 
 def _flat_mesh(mesh: Any) -> list[Any]:
     if mesh is None:
         return []
-    sizes, names = mesh_dims(mesh, 3)
+    sizes, names = parse_mesh(mesh, 3)
     return [*names, *(sizes or ())]

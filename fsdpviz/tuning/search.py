@@ -14,7 +14,6 @@ The search itself, in stages, is :class:`~fsdpviz.tuning.stages.StagedSearch`; h
 
 from __future__ import annotations
 
-import math
 import multiprocessing
 import os
 import time
@@ -28,13 +27,12 @@ from fsdpviz.cost.hardware import Machine
 from fsdpviz.cost.hardware import machine as make_machine
 from fsdpviz.cost.sizes import parse_bytes
 from fsdpviz.errors import ConfigError, did_you_mean
-from fsdpviz.plan.fsdp2_options import mesh_dims
 from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.options import DEFAULT_WORLD_SIZE, check_world_size
 from fsdpviz.schema.keywords import FSDPKwargs
 from fsdpviz.trace.copy import check_model
 from fsdpviz.tuning.evaluation import FROM_BATCH_FAMILY, FROM_CHECKPOINT_PAIR
-from fsdpviz.tuning.mesh_choices import mesh_ranks, pipelined
+from fsdpviz.tuning.mesh_choices import given_dims, mesh_ranks, pipelined
 from fsdpviz.tuning.result import RetuneKwargs, Tuning
 from fsdpviz.tuning.retune import StoredTrace, check_retune, fingerprint
 from fsdpviz.tuning.space import ALLOWABLE, KNOBS, TuneKwargs, check_fixed
@@ -308,13 +306,13 @@ def _world_sizes(world_size: int | Sequence[int] | None, kwargs: TuneKwargs) -> 
                 f"give {ranks}"
             )
     elif mesh is not None:
-        dims, _ = mesh_dims(mesh, 4)
-        ranks = math.prod(dims) if dims is not None else 0
+        user = given_dims(kwargs)
+        tp = user.tp if kwargs.get("parallelize_plan") else 1
         for ws in sizes:
-            if ws != ranks and ws % (dims[-1] if dims and kwargs.get("parallelize_plan") else 1):
+            if ws != user.world_size and ws % tp:
                 raise ConfigError(
                     f"world_size {ws} does not divide by the mesh's tensor-parallel degree "
-                    f"{dims[-1] if dims else 1}; give a world size that does"
+                    f"{tp}; give a world size that does"
                 )
     return list(dict.fromkeys(sizes))
 

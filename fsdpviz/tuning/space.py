@@ -168,7 +168,7 @@ class Choice:
     samples: int = 0  # micro_batch: samples per forward (0: the inputs as given)
     steps: int = 0  # micro_batch: micro-steps each reducing its gradients (0: grad_accum's)
     # mesh: its ranks by dimension; a pipeline job's: every rank in one (the degree: ``pp``)
-    mesh: ParallelDims = field(default_factory=ParallelDims)
+    parallel_dims: ParallelDims = field(default_factory=ParallelDims)
     # mesh: one a replay cannot apply (a context-parallel one): each configuration traced
     traced: bool = False
     # mesh of a pipeline job: its pp degree (1: no pipeline; 0: not a pipeline job), and

@@ -146,7 +146,7 @@ class StagedSearch(Evaluations):
         replayed)."""
         sp = self.space
         start = self._start()
-        user_tp = sp.user["mesh"].mesh.tp
+        user_tp = sp.user["mesh"].parallel_dims.tp
         mine = self._user_tp_meshes(ws)
         if not mine:
             return
@@ -198,7 +198,7 @@ class StagedSearch(Evaluations):
             if knob not in sp.choices or knob in sp.pinned:
                 continue
             # torchao's float8 TP styles beside the user's plan: the same job off TP meshes
-            tp = best["mesh"].mesh.tp > 1
+            tp = best["mesh"].parallel_dims.tp > 1
             tried = [
                 c
                 for c in sp.choices[knob]
@@ -212,16 +212,20 @@ class StagedSearch(Evaluations):
         tp_meshes = [  # FSDP x TP: each evaluation replays HSDP x TP beside it (_variants)
             m
             for m in sp.choices["mesh"]
-            if m.mesh.world_size == ws and m.mesh.tp not in (1, user_tp) and not m.mesh.hsdp
+            if m.parallel_dims.world_size == ws
+            and m.parallel_dims.tp not in (1, user_tp)
+            and not m.parallel_dims.hsdp
         ]
         if user_tp > 1:  # and plain data parallelism, against the user's tensor parallelism
-            tp_meshes[:0] = [m for m in sp.choices["mesh"] if m.mesh == ParallelDims.filled(ws)]
+            tp_meshes[:0] = [
+                m for m in sp.choices["mesh"] if m.parallel_dims == ParallelDims.filled(ws)
+            ]
         if "mesh" not in sp.pinned and (self._fastest_fit(ws) is None or user_tp > 1):
             if not tp_meshes and self._fastest_fit(ws) is None and self._tp_why:
                 note = f"tensor parallelism not tried: {self._tp_why}"
                 if note not in self.notes:
                     self.notes.append(note)
-            ordered = sorted(tp_meshes, key=lambda m: m.mesh.tp)
+            ordered = sorted(tp_meshes, key=lambda m: m.parallel_dims.tp)
             self.prefetch([self._lightest(self.on_mesh(best, mesh)) for mesh in ordered])
             for mesh in ordered:
                 self._climb(self.on_mesh(best, mesh), ws)
@@ -249,7 +253,7 @@ class StagedSearch(Evaluations):
         fastest: dict[str, tuple[Candidate, Config]] = {}
         for c in self.candidates:
             config = self._config_of(c)
-            if config is None or c.world_size != ws or config["mesh"].mesh.tp == 1:
+            if config is None or c.world_size != ws or config["mesh"].parallel_dims.tp == 1:
                 continue
             label = config["mesh"].label
             if label not in fastest or c.tokens_per_s > fastest[label][0].tokens_per_s:
@@ -272,7 +276,7 @@ class StagedSearch(Evaluations):
             if config is None or not c.fits or c.world_size != ws:
                 continue
             mesh = config["mesh"]
-            if mesh.mesh.tp == 1 or mesh.traced:
+            if mesh.parallel_dims.tp == 1 or mesh.traced:
                 continue
             if mesh.label not in fastest or c.tokens_per_s > fastest[mesh.label][0].tokens_per_s:
                 fastest[mesh.label] = (c, config)
@@ -371,9 +375,11 @@ class StagedSearch(Evaluations):
 
     def _user_tp_meshes(self, ws: int) -> list[Choice]:
         """The meshes on ``ws`` ranks of the user's tensor-parallel degree."""
-        tp = self.space.user["mesh"].mesh.tp
+        tp = self.space.user["mesh"].parallel_dims.tp
         return [
-            m for m in self.space.choices["mesh"] if m.mesh.world_size == ws and m.mesh.tp == tp
+            m
+            for m in self.space.choices["mesh"]
+            if m.parallel_dims.world_size == ws and m.parallel_dims.tp == tp
         ]
 
     def _climb(self, start: Config, ws: int) -> None:

@@ -3,7 +3,6 @@ accelerate's config YAML, with a note for each setting they cannot."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -18,7 +17,6 @@ from fsdpviz.plan.option_specs import RESHARD
 from fsdpviz.plan.pipeline import schedule_class
 from fsdpviz.schema.checkpointing import CheckpointEvery, SelectiveCheckpoint
 from fsdpviz.schema.config import ReportConfig
-from fsdpviz.schema.mesh import ParallelDims
 from fsdpviz.tuning.float8_styles import has_float8_styles
 from fsdpviz.tuning.fsdp_code import DTYPES, Candidate
 from fsdpviz.tuning.space import reshard_given
@@ -56,7 +54,7 @@ def torchtitan_toml(c: Candidate) -> str:
             f"{RESHARD.code(given)} has no {TITAN_RESHARD} value; "
             "torchtitan's apply_fsdp needs a change for it"
         )
-    dims = titan_degrees(cfg)
+    dims = cfg.parallel_dims.meshed
     if dims.hsdp and dims.dp_replicate == 1 and cfg.api == "FSDP2":
         notes.append(_REPLICATE_OF_ONE.format(trainer="torchtitan's ParallelDims"))
     # torchtitan's batch degree: the data-parallel ranks, each fed its own samples (the cp
@@ -182,22 +180,6 @@ def _every_nth(spec: object) -> int | None:
     return spec.every if isinstance(spec, (CheckpointEvery, EveryNthBlock)) else None
 
 
-def titan_degrees(cfg: ReportConfig) -> ParallelDims:
-    """The degrees of torchtitan's ``ParallelDims`` for the plan of ``cfg``: the report's
-    own (:attr:`~fsdpviz.schema.config.ReportConfig.mesh_dims`), whose product is the world
-    size; FSDP1's ``NO_SHARD``, which all-reduces each gradient over every rank, as
-    torchtitan's DDP (every data-parallel rank a replica, ``dp_shard`` 1).
-
-    Example::
-
-        titan_degrees(report.config)  # dp_replicate 1, dp_shard 4, cp 2 on a dp_shard x cp mesh
-    """
-    dims = cfg.mesh_dims
-    if dims.dp * dims.cp * dims.tp * dims.pp == dims.world_size:
-        return dims
-    return dataclasses.replace(dims, dp_replicate=dims.dp_cp // dims.cp, dp_shard=1)
-
-
 # ------------------------------------------------------------------ accelerate
 def accelerate_yaml(c: Candidate) -> str:
     kw = c.kwargs
@@ -265,7 +247,7 @@ def _accelerate_mesh(cfg: ReportConfig, notes: list[str]) -> list[str]:
     ``ParallelismConfig``, dimensions dp_replicate, dp_shard, cp, tp; a pipeline is refused
     before), with a note for what it cannot say; FSDP1's hybrid sharding is its
     ``fsdp_sharding_strategy``."""
-    dims = titan_degrees(cfg)
+    dims = cfg.parallel_dims.meshed
     if cfg.api != "FSDP2":
         if dims.hsdp:
             notes.append(
@@ -329,4 +311,4 @@ def _block_name(c: Candidate, notes: list[str]) -> str:
     return ",".join(blocks)
 
 
-__all__ = ["accelerate_yaml", "titan_degrees", "torchtitan_toml"]
+__all__ = ["accelerate_yaml", "torchtitan_toml"]

@@ -101,7 +101,7 @@ def param_rows(
     u = report.unit(unit)
     shapes = _param_shapes(report) if shapes is None else shapes
     fsdp2 = report.config.api == "FSDP2"
-    ranks = report.config.mesh_dims.dp_shard_cp
+    ranks = report.config.parallel_dims.dp_shard_cp
     rows = []
     for fqn in u.params:
         shape: list[int] | None = shapes.get(fqn)
@@ -188,7 +188,7 @@ def bytes_breakdown(
                      share(align)])  # fmt: skip
     if pad:
         what = (
-            f"padding: each dim 0 to a multiple of {report.config.mesh_dims.dp_shard_cp} ranks"
+            f"padding: each dim 0 to a multiple of {report.config.parallel_dims.dp_shard_cp} ranks"
             if fsdp2
             else "padding to a multiple of the shard size"
         )
