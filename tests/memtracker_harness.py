@@ -206,6 +206,10 @@ class _NoModuleHooks(_NoModules):
     through ``lora_A(torch.eye(...))``, whose identity matrix they leave in a reference
     cycle, alive until the garbage collector runs."""
 
+    # FSDPMemTracker refuses a module's second forward when "Global" is its only other
+    # parent (a new iteration, it takes it); a name no module has lets a layer run twice
+    parents = frozenset({"Global", ""})
+
     def __init__(self, root: nn.Module) -> None:
         prefix = type(root).__name__
         self._names = {m: f"{prefix}.{n}" if n else prefix for n, m in root.named_modules()}
