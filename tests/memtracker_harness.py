@@ -201,10 +201,12 @@ def tracked(
 class _NoModuleHooks(_NoModules):
     """``FSDPMemTracker``'s module tracker without module hooks: it names FSDP's modules as
     ``ModTracker`` does (the root's class name, then the path), follows no module's window.
-    The hooks ``ModTracker`` puts on a module's inputs and outputs that require grad keep
-    some alive longer than the program does: peft's DoRA computes the norm of its weight
-    through ``lora_A(torch.eye(...))``, whose identity matrix they leave in a reference
-    cycle, alive until the garbage collector runs."""
+    The gradient hook ``ModTracker`` puts on a module's inputs that require grad keeps their
+    autograd nodes in its closure, so some tensors live longer than the program keeps
+    them: a leaf input with its gradient (transformers' ``enable_input_require_grads``
+    makes the frozen embedding's output one) past the micro-step; the identity matrix
+    peft's DoRA passes through ``lora_A`` (saved by its node), until the garbage collector
+    runs."""
 
     # FSDPMemTracker refuses a module's second forward when "Global" is its only other
     # parent (a new iteration, it takes it); a name no module has lets a layer run twice

@@ -1412,11 +1412,13 @@ def test_gloo_list_index_tensors(gloo: Path) -> None:
 
 
 def _collect_after_dora(model: nn.Module) -> nn.Module:
-    """Collect garbage after each DoRA layer's forward. Under the module hooks of torch's
-    ``ModTracker`` the identity matrix DoRA builds (``torch.eye(in_features)``, the input of
-    its ``lora_A``) is left in a reference cycle until Python's garbage collector runs;
-    without them it dies when the forward returns, as fsdpviz counts it (the peak measured
-    with no module followed and nothing collected is the same)."""
+    """Collect garbage after each DoRA layer's forward. The identity matrix DoRA builds
+    (``torch.eye(in_features)``, the input of its ``lora_A``) is saved by that linear's
+    backward node, which the gradient hook torch's ``ModTracker`` puts on ``lora_B``'s input
+    (``register_multi_grad_hook``, mode "all") keeps in its closure: a reference cycle
+    through the hooked tensor, until Python's garbage collector runs. Without it the matrix
+    dies when the forward returns, as fsdpviz counts it (the peak measured with no module
+    followed and nothing collected is the same)."""
     import gc
 
     from peft.tuners.lora.dora import DoraLinearLayer
