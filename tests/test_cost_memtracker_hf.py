@@ -4,7 +4,9 @@ query and key norms, sliding-window and soft-capped attention, mixture-of-expert
 (Mixtral's, Qwen3's, GPT-OSS's with its attention sinks), DeepSeek-V3's latent attention
 with dense and routed layers. The peak, each category and every module's peaks, to the
 byte, with the logits summed and with the model's own loss of ``labels``, in fp32 and with
-bf16 parameters reducing in fp32; and three of them under FSDP1 against ``MemTracker``.
+bf16 parameters reducing in fp32; three of them under FSDP1 against ``MemTracker``; and
+LoRA on Llama under transformers' checkpointing over two micro-steps, the tracker
+following no module (its module hooks keep tensors alive there).
 
 Left out, because the CPU run does not do what a GPU does (fsdpviz predicts the GPU):
 ``LayerNorm`` families in bf16 (the CPU kernel keeps the mean and rstd in bf16, CUDA in
