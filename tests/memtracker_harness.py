@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from pipeline_memory import _NoModules
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
@@ -103,8 +104,13 @@ def tracked(
     sync_each: bool = False,
     after_step: Callable[[nn.Module], object] | None = None,
     every_storage: bool = False,
+    follow_modules: bool = True,
     **fully_shard_kwargs: Any,
 ) -> Tracked:
+    """``build``'s model sharded (``blocks``, then the root) and run on ``inputs`` under
+    torch's ``FSDPMemTracker``. ``follow_modules=False``: the tracker follows no module's
+    window (its module peaks are not measured), so no hook of torch's ``ModTracker`` keeps
+    a tensor alive that the program lets go of (:class:`_NoModuleHooks`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
@@ -155,6 +161,8 @@ def tracked(
                 after_step(model)
             copies.clear()
         tracker = FSDPMemTracker(model, opt)
+        if not follow_modules:
+            tracker._mod_tracker = _NoModuleHooks(model)
         # see _post_backward_letting_go
         tracker._fsdp_param_group_post_backward = functools.partial(  # type: ignore[method-assign]
             _post_backward_letting_go, tracker
@@ -188,6 +196,28 @@ def tracked(
         _categories(peak), modules, tracker, _categories(after_forward), gathers.count, copies,
         _categories(step_peak), _categories(after_backward),
     )  # fmt: skip
+
+
+class _NoModuleHooks(_NoModules):
+    """``FSDPMemTracker``'s module tracker without module hooks: it names FSDP's modules as
+    ``ModTracker`` does (the root's class name, then the path), follows no module's window.
+    The gradient hook ``ModTracker`` puts on a module's inputs that require grad keeps their
+    autograd nodes in its closure, so some tensors live longer than the program keeps
+    them: a leaf input with its gradient (transformers' ``enable_input_require_grads``
+    makes the frozen embedding's output one) past the micro-step; the identity matrix
+    peft's DoRA passes through ``lora_A`` (saved by its node), until the garbage collector
+    runs."""
+
+    # FSDPMemTracker refuses a module's second forward when "Global" is its only other
+    # parent (a new iteration, it takes it); a name no module has lets a layer run twice
+    parents = frozenset({"Global", ""})
+
+    def __init__(self, root: nn.Module) -> None:
+        prefix = type(root).__name__
+        self._names = {m: f"{prefix}.{n}" if n else prefix for n, m in root.named_modules()}
+
+    def get_known_fqn(self, mod: nn.Module) -> str | None:
+        return self._names.get(mod)
 
 
 def _post_backward_letting_go(

@@ -4,7 +4,9 @@ query and key norms, sliding-window and soft-capped attention, mixture-of-expert
 (Mixtral's, Qwen3's, GPT-OSS's with its attention sinks), DeepSeek-V3's latent attention
 with dense and routed layers. The peak, each category and every module's peaks, to the
 byte, with the logits summed and with the model's own loss of ``labels``, in fp32 and with
-bf16 parameters reducing in fp32; and three of them under FSDP1 against ``MemTracker``.
+bf16 parameters reducing in fp32; three of them under FSDP1 against ``MemTracker``; and
+LoRA on Llama under transformers' checkpointing over two micro-steps, the tracker
+following no module (its module hooks keep tensors alive there).
 
 Left out, because the CPU run does not do what a GPU does (fsdpviz predicts the GPU):
 ``LayerNorm`` families in bf16 (the CPU kernel keeps the mean and rstd in bf16, CUDA in
@@ -166,3 +168,48 @@ def test_family_under_fsdp1_against_mem_tracker(
     report = fsdpviz.analyze(meta, {"input_ids": ids}, auto_wrap_policy=policy, world_size=fake_pg,
                              loss=loss, mixed_precision=mp, use_orig_params=orig)  # fmt: skip
     assert real == memory_model(report, optimizer=None, iteration=1).peak["bytes"]
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_lora_under_transformers_checkpointing_accumulating(fake_pg: int, bf16: bool) -> None:
+    """LoRA (peft) on Llama under transformers' non-reentrant checkpointing, two micro-steps,
+    the first without gradient sync: the peak over both, to the byte, and every category at
+    it (the tensors of forward and backward as one: the tracker files the recomputation's
+    under forward). Transformers' checkpointing makes the frozen embedding's output require
+    grad (``enable_input_require_grads``), a leaf: the hooks of torch's ``ModTracker`` keep
+    it and its gradient alive past the micro-step, which the program lets go of, so the
+    tracker here follows no module (one that does reads both more)."""
+    from test_cost_hf_every_event import _build, _ids
+
+    n, ids = 2, _ids()
+    options: dict[str, Any] = {}
+    if bf16:
+        options["mp_policy"] = MixedPrecisionPolicy(torch.bfloat16, torch.float32)
+
+    def measure(follow: bool) -> Any:
+        build = lambda: _build("llama-lora", "hf")  # noqa: E731
+        return tracked(build, lambda: {"input_ids": ids, "labels": ids}, _peft_layers, fake_pg,
+                       _loss(True), real=True, accumulate=n, follow_modules=follow,
+                       **options)  # fmt: skip
+
+    real, followed = measure(False), measure(True)
+    model = _build("llama-lora", "hf")
+    report = fsdpviz.analyze(model, {"input_ids": ids, "labels": ids}, world_size=fake_pg,
+                             fully_shard=[type(_peft_layers(model)[0])], loss=_loss(True),
+                             grad_accum=n, **options)  # fmt: skip
+    steps = [memory_model(report, optimizer=None, iteration=i) for i in range(n)]
+    mem = max(steps, key=lambda m: m.peak["bytes"])
+    assert real.peak["Total"] == mem.peak["bytes"]
+    mapping = dict(MAPPING)
+    forward, backward = mapping.pop("forward tensors"), mapping.pop("backward tensors")
+    mapping["tensors"] = (forward[0] + backward[0], forward[1] + backward[1])
+    for name, (theirs, ours) in mapping.items():
+        a = sum(real.peak.get(k, 0) for k in theirs)
+        b = sum(mem.peak["breakdown"][k] for k in ours)
+        assert a == b, f"{name}: FSDPMemTracker {a} B, fsdpviz {b} B"
+    embedded = ids.numel() * model.config.hidden_size * (2 if bf16 else 4)
+    assert followed.peak["Total"] - real.peak["Total"] == 2 * embedded
+
+
+def _peft_layers(model: nn.Module) -> list[nn.Module]:
+    return list(model.get_base_model().get_submodule("model.layers"))
