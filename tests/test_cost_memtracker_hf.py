@@ -178,7 +178,7 @@ def test_lora_under_transformers_checkpointing_accumulating(fake_pg: int, bf16: 
     under forward). Transformers' checkpointing makes the frozen embedding's output require
     grad (``enable_input_require_grads``), a leaf: the hooks of torch's ``ModTracker`` keep
     it and its gradient alive past the micro-step, which the program lets go of, so the
-    tracker here follows no module (one that does reads both more)."""
+    tracker here follows no module."""
     from test_cost_hf_every_event import _build, _ids
 
     n, ids = 2, _ids()
@@ -186,13 +186,10 @@ def test_lora_under_transformers_checkpointing_accumulating(fake_pg: int, bf16: 
     if bf16:
         options["mp_policy"] = MixedPrecisionPolicy(torch.bfloat16, torch.float32)
 
-    def measure(follow: bool) -> Any:
-        build = lambda: _build("llama-lora", "hf")  # noqa: E731
-        return tracked(build, lambda: {"input_ids": ids, "labels": ids}, _peft_layers, fake_pg,
-                       _loss(True), real=True, accumulate=n, follow_modules=follow,
-                       **options)  # fmt: skip
-
-    real, followed = measure(False), measure(True)
+    build = lambda: _build("llama-lora", "hf")  # noqa: E731
+    real = tracked(build, lambda: {"input_ids": ids, "labels": ids}, _peft_layers, fake_pg,
+                   _loss(True), real=True, accumulate=n, follow_modules=False,
+                   **options)  # fmt: skip
     model = _build("llama-lora", "hf")
     report = fsdpviz.analyze(model, {"input_ids": ids, "labels": ids}, world_size=fake_pg,
                              fully_shard=[type(_peft_layers(model)[0])], loss=_loss(True),
@@ -207,8 +204,6 @@ def test_lora_under_transformers_checkpointing_accumulating(fake_pg: int, bf16: 
         a = sum(real.peak.get(k, 0) for k in theirs)
         b = sum(mem.peak["breakdown"][k] for k in ours)
         assert a == b, f"{name}: FSDPMemTracker {a} B, fsdpviz {b} B"
-    embedded = ids.numel() * model.config.hidden_size * (2 if bf16 else 4)
-    assert followed.peak["Total"] - real.peak["Total"] == 2 * embedded
 
 
 def _peft_layers(model: nn.Module) -> list[nn.Module]:
