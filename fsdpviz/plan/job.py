@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict, cast, get_args
 
 from fsdpviz.errors import ConfigError, did_you_mean
-from fsdpviz.schema.checkpointing import outermost_picked
 from fsdpviz.schema.keywords import MatmulPrecision
 from fsdpviz.schema.report import ModuleInfo
 
@@ -158,6 +157,8 @@ class JobOptions:
         """The modules compiled one by one (outermost picked), or None for the whole model."""
         if not isinstance(self.compile, tuple):
             return None
+        from fsdpviz.schema.checkpointing import outermost_picked  # (it imports torch)
+
         classes = self.compile
         return outermost_picked(model, lambda m: isinstance(m, classes))
 
