@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from fsdpviz.cost.optimizers import OptimizerSpec, optimizer_spec, optimizer_states
 from fsdpviz.errors import ConfigError
-from fsdpviz.schema.report import DTYPE_SIZES, IGNORED, Report, Unit
+from fsdpviz.schema.report import DTYPE_SIZES, IGNORED, Report, Unit, param_shapes
 
 if TYPE_CHECKING:
     from fsdpviz.plan.fsdp1 import FlatLayout
@@ -404,12 +404,8 @@ def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
 
 
 def _param_shapes(report: Report) -> dict[str, list[int]]:
-    """Each parameter's shape, by its FQN."""
-    return {
-        f"{m.fqn}.{name}" if m.fqn else name: shape
-        for m in report.modules
-        for name, shape in m.params.items()
-    }
+    """Each parameter's shape, by its FQN and by the name its unit lists it under."""
+    return param_shapes(report.modules)
 
 
 def _orig_layout(report: Report, u: Unit, numels: list[int]) -> FlatLayout:

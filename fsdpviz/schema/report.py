@@ -107,7 +107,7 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -118,7 +118,7 @@ from fsdpviz.schema.events import Event, ModuleEvent
 from fsdpviz.schema.extensions import report_method
 from fsdpviz.schema.keywords import DashboardKwargs, SaveKwargs
 from fsdpviz.schema.memory import MemoryReport, size_text, trainable_text
-from fsdpviz.schema.names import UnitNames, unwrapped_fqn
+from fsdpviz.schema.names import UnitNames, param_names, unwrapped_fqn
 from fsdpviz.schema.names import unit_label as unit_label
 from fsdpviz.schema.pipeline import Pipeline
 from fsdpviz.schema.profile import TraceProfile
@@ -246,6 +246,19 @@ class ModuleInfo(Record):
     calls: int = 0
     input_shapes: list[list[int]] = field(default_factory=list)
     output_shapes: list[list[int]] = field(default_factory=list)
+
+
+def param_shapes(modules: Iterable[ModuleInfo]) -> dict[str, list[int]]:
+    """Each parameter's shape by its FQN in ``modules`` and by the name a unit lists it
+    under, where that differs (FSDP2's, without wrapper segments: ``schema/names``)."""
+    shapes = {
+        f"{m.fqn}.{name}" if m.fqn else name: shape
+        for m in modules
+        for name, shape in m.params.items()
+    }
+    for fqn, name in param_names(shapes).items():
+        shapes.setdefault(name, shapes[fqn])
+    return shapes
 
 
 IGNORED = "<ignored>"
