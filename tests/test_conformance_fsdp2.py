@@ -407,5 +407,5 @@ def test_a_shared_parameter_inside_a_checkpoint_wrapper_is_named_alike(fake_pg: 
     assert predicted.unit("0").params == real.unit("0").params == ["0.a.weight", "0.a.bias",
                                                                    "0.b.bias"]  # fmt: skip
     unwrapped = fsdpviz.analyze(plain, _x(), fully_shard=[("0",), ("1",)], world_size=fake_pg)
-    counted = [module_tree(r).by_fqn["0"].numel for r in (predicted, unwrapped)]
+    counted = [module_tree(r).by_fqn["0"].numel_total for r in (predicted, unwrapped)]
     assert counted == [80, 80]  # 64 + 8 + 8: the shared weight once

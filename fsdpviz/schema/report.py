@@ -209,8 +209,10 @@ class Unit(Record):
 
     def param_dtype(self, fqn: str) -> str | None:
         """Parameter ``fqn``'s own dtype: its entry in ``param_dtypes`` where the group has
-        several, else the unit's ``dtype``."""
-        return self._own_dtypes.get(fqn) or self.dtype
+        several, else the unit's ``dtype``. ``fqn`` as ``params`` lists it or with the
+        wrapper segments that list leaves out (``schema/names``)."""
+        own = self._own_dtypes
+        return own.get(fqn) or own.get(unwrapped_fqn(fqn)) or self.dtype
 
     @property
     def gradless_params(self) -> set[str]:
