@@ -250,17 +250,32 @@ class ModuleInfo(Record):
     output_shapes: list[list[int]] = field(default_factory=list)
 
 
+def param_modules(modules: Iterable[ModuleInfo]) -> dict[str, str]:
+    """The module holding each parameter of ``modules``, by the parameter's FQN, each
+    followed by the name a unit lists it under where that differs (FSDP2's, without
+    wrapper segments: ``schema/names``)."""
+    owners = {f"{m.fqn}.{name}" if m.fqn else name: m.fqn for m in modules for name in m.params}
+    shown = param_names(owners)
+    out: dict[str, str] = {}
+    for fqn, owner in owners.items():
+        out.setdefault(fqn, owner)
+        out.setdefault(shown[fqn], owner)
+    return out
+
+
 def param_shapes(modules: Iterable[ModuleInfo]) -> dict[str, list[int]]:
-    """Each parameter's shape by its FQN in ``modules`` and by the name a unit lists it
-    under, where that differs (FSDP2's, without wrapper segments: ``schema/names``)."""
+    """Each parameter's shape, by the names :func:`param_modules` gives it, in its order."""
     shapes = {
         f"{m.fqn}.{name}" if m.fqn else name: shape
         for m in modules
         for name, shape in m.params.items()
     }
-    for fqn, name in param_names(shapes).items():
-        shapes.setdefault(name, shapes[fqn])
-    return shapes
+    shown = param_names(shapes)
+    out: dict[str, list[int]] = {}
+    for fqn, shape in shapes.items():
+        out.setdefault(fqn, shape)
+        out.setdefault(shown[fqn], shape)
+    return out
 
 
 IGNORED = "<ignored>"
