@@ -4,16 +4,17 @@ sentences).
 Names with wrapper segments. ``CheckpointWrapper`` (``_checkpoint_wrapped_module``),
 ``torch.compile``'s ``OptimizedModule`` (``_orig_mod``) and FSDP1 (``_fsdp_wrapped_module``)
 each put a segment into the FQNs ``named_modules()`` and ``named_parameters()`` print; the
-state dicts torch saves (``state_dict()``, ``get_model_state_dict``; FSDP1's
-``clean_tensor_name``) leave them out. A report names them per API as follows, a prediction,
-a plan of a model already sharded and a recording alike:
+state dict torch's distributed checkpoint saves (``get_model_state_dict``; FSDP1's full
+state dict, ``clean_tensor_name``) leaves them out, and so does ``CheckpointWrapper``'s own
+``state_dict()`` its segment. A report names them per API as follows, a prediction, a plan
+of a model already sharded and a recording alike:
 
 - FSDP2 (``fully_shard`` adds no segment): a unit and each of its parameters (``Unit.params``
-  and every table keyed by them: shared, frozen, unused, dtypes, shards, tp placements) are
-  named without wrapper segments, as the state dict keys them (:func:`group_names`,
-  :func:`param_names`): ``blocks.0`` and ``blocks.0.ln.weight`` for the block inside
-  ``blocks.0``'s checkpoint wrapper. Names that would then collide keep their segments. The modules
-  (``Report.modules``, ``module_order``, ``param_first_use``'s modules) keep the FQNs the
+  and every table keyed by them: shared, frozen, unused, dtypes, shards, tp placements, the
+  keys of ``param_first_use``) are named without wrapper segments, as that state dict keys
+  them (:func:`group_names`, :func:`param_names`): ``blocks.0`` and ``blocks.0.ln.weight``
+  for the block inside ``blocks.0``'s checkpoint wrapper. Names that would then collide
+  keep their segments. The modules (``Report.modules``, ``module_order``) keep the FQNs the
   model's ``named_modules()`` prints, wrapper and wrapped module each its own.
 - FSDP1: FSDP's own segment is left out and the others kept, as FSDP1's
   ``named_parameters()`` prints them inside ``summon_full_params`` (and as the model handed
