@@ -15,7 +15,7 @@ from typing import Any
 import handwritten_models as hm
 import pytest
 import torch
-from fsdp_harness import assert_same_schedule, check_conformance
+from fsdp_harness import assert_same_schedule, check_conformance, record_real_fsdp1
 from torch import nn
 from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import (
@@ -400,3 +400,34 @@ def test_no_shard_low_precision_copy(fake_pg: int, name: str, bp: Any, fp: bool)
     report = check_conformance(build(), inputs(), kw, fake_pg)
     kinds = [e.kind for it in report.iterations for e in it]
     assert kinds.count("cast") == kinds.count("free") > 0
+
+
+@pytest.mark.parametrize("inner", [True, False], ids=["block-inside-wrapper", "wrapper"])
+def test_checkpoint_wrapped_blocks_are_named_as_fsdp1_names_them(fake_pg: int, inner: bool) -> None:
+    """FSDP1 over checkpoint-wrapped blocks (the policy wrapping the block inside each
+    wrapper, or the wrapper): the plan and the recording name each unit and parameter as
+    FSDP1's own ``named_parameters()`` does inside ``summon_full_params`` (its
+    ``_fsdp_wrapped_module`` left out, the checkpoint wrapper's segment kept), alike."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointWrapper,
+        apply_activation_checkpointing,
+    )
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    model = hm.Stack()
+    apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, hm.Block))
+    kw = {"auto_wrap_policy": ModuleWrapPolicy({hm.Block if inner else CheckpointWrapper})}
+    torch_names: list[str] = []
+
+    def after(fsdp: nn.Module) -> None:
+        with FSDP.summon_full_params(fsdp):
+            torch_names.extend(n for n, _ in fsdp.named_parameters())
+
+    real = record_real_fsdp1(model, _x(), kw, after=after)
+    predicted = fsdpviz.analyze(model, _x(), world_size=fake_pg, **kw)
+    block = "blocks.0._checkpoint_wrapped_module" if inner else "blocks.0"
+    assert [u.module for u in predicted.units] == [u.module for u in real.units]
+    assert predicted.units[1].module == block
+    assert [u.params for u in predicted.units] == [u.params for u in real.units]
+    assert sorted(p for u in real.units for p in u.params) == sorted(torch_names)
+    assert "blocks.0._checkpoint_wrapped_module.ln.weight" in torch_names

@@ -334,3 +334,78 @@ def test_calls_on_a_checkpoint_wrapper_and_its_block_keep_the_wrappers_segment(
     assert predicted.forward_order == real.forward_order
     for p_it, r_it in zip(predicted.iterations, real.iterations, strict=False):
         assert [e.to_dict() for e in p_it] == [e.to_dict() for e in r_it]
+
+
+def test_a_checkpoint_wrapped_models_parameters_are_named_alike(fake_pg: int) -> None:
+    """The model of the test above: each unit lists its parameters under one name, without
+    the wrapper's segment (``blocks.0.ln.weight``, as the state dict keys it), in the plan,
+    the plan once sharded and the recording alike, and the detail panel (its rows and the
+    explorer's data) names them so, the plan's rows with their shapes and first use; its
+    units are those of the same model planned without the wrappers, byte for byte."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+
+    from fsdpviz.views.detail import param_rows
+    from fsdpviz.views.explorer import explorer_details
+    from fsdpviz.views.tree import module_tree
+
+    torch.manual_seed(0)
+    model = hm.Stack()
+    plain = copy.deepcopy(model)
+    apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, hm.Block))
+    calls = [(f"blocks.{i}._checkpoint_wrapped_module",) for i in range(3)] + [("blocks.3",)]
+    applied: list[fsdpviz.Report] = []
+    real = record_real_fsdp2(
+        model, _x(), calls, fake_pg, after=lambda m: applied.append(fsdpviz.analyze(m, _x()))
+    )
+    predicted = fsdpviz.analyze(model, _x(), fully_shard=calls, world_size=fake_pg)
+    names = [u.params for u in real.units]
+    assert names[1][:3] == ["blocks.0.ln.weight", "blocks.0.ln.bias", "blocks.0.fc1.weight"]
+    assert [u.params for u in predicted.units] == [u.params for u in applied[0].units] == names
+    rows = param_rows(predicted, "blocks.0")
+    assert [r[0] for r in rows] == [r[0] for r in param_rows(real, "blocks.0")] == names[1]
+    assert rows[2][:5] == ["blocks.0.fc1.weight", "32×16", "512", "2 KiB",
+                           "blocks.0._checkpoint_wrapped_module.fc1"]  # fmt: skip
+    panel = explorer_details(predicted, module_tree(predicted), ["blocks.0"])[1]
+    assert panel is not None
+    table = next(s for s in panel["sections"] if s["title"] == "Parameters")
+    assert [r[0] for r in table["rows"]] == names[1]  # type: ignore[typeddict-item]
+    unwrapped = fsdpviz.analyze(plain, _x(), fully_shard=BLOCKS, world_size=fake_pg)
+    no_class = [{**u.to_dict(), "module_class": ""} for u in unwrapped.units]
+    assert [{**u.to_dict(), "module_class": ""} for u in predicted.units] == no_class
+
+
+class _TiedBlock(nn.Module):
+    """Two linears sharing one weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_a_shared_parameter_inside_a_checkpoint_wrapper_is_named_alike(fake_pg: int) -> None:
+    """A weight two linears of a checkpoint-wrapped block share: the plan and the recording
+    name it and its other name without the wrapper's segment, and the module tree counts
+    it once, as for the block unwrapped."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from fsdpviz.views.tree import module_tree
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(_TiedBlock(), _TiedBlock())
+    model = nn.Sequential(*(checkpoint_wrapper(copy.deepcopy(b)) for b in plain))
+    calls = [("0._checkpoint_wrapped_module",), ("1._checkpoint_wrapped_module",)]
+    real = record_real_fsdp2(model, _x(), calls, fake_pg)
+    predicted = fsdpviz.analyze(model, _x(), fully_shard=calls, world_size=fake_pg)
+    shared = {"0.b.weight": "0.a.weight"}
+    assert predicted.unit("0").shared_params == real.unit("0").shared_params == shared
+    assert predicted.unit("0").params == real.unit("0").params == ["0.a.weight", "0.a.bias",
+                                                                   "0.b.bias"]  # fmt: skip
+    unwrapped = fsdpviz.analyze(plain, _x(), fully_shard=[("0",), ("1",)], world_size=fake_pg)
+    counted = [module_tree(r).by_fqn["0"].numel_total for r in (predicted, unwrapped)]
+    assert counted == [80, 80]  # 64 + 8 + 8: the shared weight once

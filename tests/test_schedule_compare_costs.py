@@ -84,7 +84,8 @@ def test_activation_checkpointing_compares_unit_by_unit(base: fsdpviz.Report) ->
     """Checkpoint wrappers rename the parameters (``layers.0._checkpoint_wrapped_module.…``,
     as torchtitan's AC does): the units keep their names (a call on the block inside the
     wrapper names its unit as a recording does, without the wrapper's segment), they still
-    match, and the costs say what it buys."""
+    match, their parameters listed under the same names (without the segment, as
+    ``compare`` matches them), and the costs say what it buys."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing,
     )
@@ -98,6 +99,8 @@ def test_activation_checkpointing_compares_unit_by_unit(base: fsdpviz.Report) ->
     cmp = fsdpviz.compare(base, checkpointed)
     assert cmp.same_wrapping and cmp.moved_params == {}
     assert [(p.a, p.b) for p in cmp.pairs][1] == ("layers.0", "layers.0")
+    assert [u.params for u in checkpointed.units] == [u.params for u in base.units]
+    assert checkpointed.unit("layers.0").params[0].startswith("layers.0.")
     assert cmp.delta("peak_bytes") < 0  # fewer activations saved
     assert cmp.delta("step_s") > 0  # the recomputation
 

@@ -20,7 +20,7 @@ from fsdpviz.cost.sizes import itemsize
 from fsdpviz.cost.time_state import EventTiming, Ranks
 from fsdpviz.plan.job import Float8, float8_weights
 from fsdpviz.schema.events import TP_KINDS, Event
-from fsdpviz.schema.report import Report
+from fsdpviz.schema.report import Report, param_shapes
 from fsdpviz.schema.rows import StepWork, Wait
 
 # torch's multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh) for a depth-1 foreach
@@ -59,11 +59,7 @@ def float8_precompute_costs(
     number of weights."""
     spec = report.config.float8
     weights = float8_weights(report.modules, Float8.from_dict(spec)) if spec else set()
-    shapes = {
-        f"{mod.fqn}.{name}" if mod.fqn else name: shape
-        for mod in report.modules
-        for name, shape in mod.params.items()
-    }
+    shapes = param_shapes(report.modules)
     numels: list[int] = []
     shard_bytes = 0
     size = 4

@@ -13,7 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 from fsdpviz.cost.sizes import itemsize
-from fsdpviz.schema.report import Report
+from fsdpviz.schema.report import Report, param_shapes
 
 __all__ = ["Upcast", "param_grads", "placed_grads", "tp_chunk_shares", "tp_local_shape", "upcasts"]
 
@@ -102,7 +102,7 @@ def param_grads(report: Report, last: bool = False) -> dict[str, tuple[int, ...]
 
 
 def _param_grads(report: Report, last: bool) -> dict[str, tuple[int, ...]]:
-    modules = {m.fqn: m for m in report.modules}
+    shapes = param_shapes(report.modules)
     tp = report.config.parallel_dims.tp
     out: dict[str, tuple[int, ...]] = {}
     for u in report.units:
@@ -115,9 +115,7 @@ def _param_grads(report: Report, last: bool) -> dict[str, tuple[int, ...]]:
         if not params:  # no gradient reaches any of them: nothing reduced
             continue
         for p in params[-1:] if last else params:
-            owner, _, name = p.rpartition(".")
-            m = modules.get(owner)
-            shape = list(m.params.get(name, [])) if m is not None else []
+            shape = list(shapes.get(p, []))
             shape = tp_local_shape(shape, u.tp_placements.get(p, ""), tp)
             grads.append(math.prod(shape) * size)
         out[u.module] = tuple(grads)

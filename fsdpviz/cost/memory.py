@@ -106,6 +106,7 @@ from fsdpviz.cost.sizes import UnitBytes, fsdp1_parts, ignored_bytes, unit_bytes
 from fsdpviz.cost.topology import tp_strategies_moved
 from fsdpviz.errors import ConfigError
 from fsdpviz.schema.memory import CATEGORIES, MemoryPeak, MemoryReport
+from fsdpviz.schema.names import unwrapped_fqn
 from fsdpviz.schema.report import IGNORED, Report
 from fsdpviz.schema.serial import record_dict
 
@@ -452,10 +453,13 @@ def _largest_shard(report: Report, one: int, states: int) -> int:
         # ignored parameters after its managed ones)
         shards = []
         for m in report.modules:
+            named = {
+                f"{m.fqn}.{name}" if m.fqn else name: shape for name, shape in m.params.items()
+            }
             shards += [
                 -(-shape[0] // ranks) * math.prod(shape[1:])
-                for name, shape in m.params.items()
-                if shape and (f"{m.fqn}.{name}" if m.fqn else name) in trains
+                for fqn, shape in named.items()
+                if shape and (fqn in trains or unwrapped_fqn(fqn) in trains)
             ]
             shards += owned.get(m.fqn, [])
     return _loop_most(shards) * one // max(total, 1)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from fsdpviz.cost.optimizers import OptimizerSpec, optimizer_spec, optimizer_states
 from fsdpviz.errors import ConfigError
-from fsdpviz.schema.report import DTYPE_SIZES, IGNORED, Report, Unit
+from fsdpviz.schema.report import DTYPE_SIZES, IGNORED, Report, Unit, param_modules, param_shapes
 
 if TYPE_CHECKING:
     from fsdpviz.plan.fsdp1 import FlatLayout
@@ -158,10 +158,11 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
                 out[u.module] = replace(out[u.module], replicated_grads=whole)
     gathered = float8_gathered(report) if fsdp2 else {}
     recomputed = _checkpointed(report) if gathered else set()
+    owners = param_modules(report.modules) if gathered else {}
     for u in report.units:
         if u.module in gathered and out[u.module].communicates:
             b = _in_float8(u, out[u.module], gathered[u.module], shapes)
-            saved = [w for w in gathered[u.module] if w.rpartition(".")[0] not in recomputed]
+            saved = [w for w in gathered[u.module] if owners.get(w) not in recomputed]
             out[u.module] = replace(b, scales_saved=4 * len(saved))
     if fsdp2 and report.config.post_forward_ranks:
         for name in report.config.post_forward_ranks:
@@ -404,12 +405,8 @@ def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
 
 
 def _param_shapes(report: Report) -> dict[str, list[int]]:
-    """Each parameter's shape, by its FQN."""
-    return {
-        f"{m.fqn}.{name}" if m.fqn else name: shape
-        for m in report.modules
-        for name, shape in m.params.items()
-    }
+    """Each parameter's shape, by its FQN and by the name its unit lists it under."""
+    return param_shapes(report.modules)
 
 
 def _orig_layout(report: Report, u: Unit, numels: list[int]) -> FlatLayout:

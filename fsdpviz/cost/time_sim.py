@@ -36,7 +36,7 @@ from fsdpviz.cost.time_state import (
 from fsdpviz.cost.topology import Span, post_forward_span, spans
 from fsdpviz.plan.job import Float8, float8_weights
 from fsdpviz.schema.events import CP_KINDS, TP_KINDS, Event
-from fsdpviz.schema.report import Report, Unit
+from fsdpviz.schema.report import Report, Unit, param_shapes
 from fsdpviz.schema.rows import ComputeStretch, HookTime, Wait
 
 _WAITS = ("pre_forward", "pre_backward")
@@ -65,11 +65,7 @@ def _float8_shares(report: Report) -> dict[str, float]:
     if not spec or not spec.get("enable_fsdp_float8_all_gather") or report.config.api != "FSDP2":
         return {}
     weights = float8_weights(report.modules, Float8.from_dict(spec))
-    shapes = {
-        f"{m.fqn}.{name}" if m.fqn else name: math.prod(shape)
-        for m in report.modules
-        for name, shape in m.params.items()
-    }
+    shapes = {fqn: math.prod(shape) for fqn, shape in param_shapes(report.modules).items()}
     shares: dict[str, float] = {}
     for u in report.units:
         total = sum(shapes.get(p, 0) for p in u.params)

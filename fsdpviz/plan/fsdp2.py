@@ -35,7 +35,7 @@ from fsdpviz.plan.fsdp2_shards import (
 )
 from fsdpviz.plan.job import JobOptions
 from fsdpviz.plan.option_specs import RESHARD
-from fsdpviz.schema.names import group_names
+from fsdpviz.schema.names import group_names, param_names
 from fsdpviz.schema.report import dtype_name, unit_label
 
 
@@ -270,7 +270,8 @@ def _claims(
 def finalize_groups(
     model: nn.Module, groups: list[Group], opts: FSDP2Options, memo: GroupMemo | None = None
 ) -> None:
-    """Name each group's parameters by their first FQN and compute its sizes."""
+    """Name each group's parameters by their first FQN (as its unit lists them: without
+    wrapper segments) and compute its sizes."""
     first_fqn, aliases = (
         (memo.first_fqn, memo.aliases) if memo is not None else _parameter_names(model)
     )
@@ -280,9 +281,11 @@ def finalize_groups(
     partial = tp.partial_grads(model) if tp is not None else set()
     compute = opts.mp_policy.param_dtype
     _check_named_calls(opts.unshard_in_backward, groups, "unshard_in_backward")
+    shown = param_names([*first_fqn.values(), *(a for ps in aliases.values() for a in ps)])
     for group in groups:
         group.unshard_in_backward = opts.unshards_in_backward(group)
-        group.param_fqns = [first_fqn[p] for p in group.params]
+        group.param_paths = [first_fqn[p] for p in group.params]
+        group.param_fqns = [shown[f] for f in group.param_paths]
         trainable = {p.dtype for p in group.params if p.requires_grad}
         if len(trainable) > 1:
             raise FSDPConfigError(
@@ -290,7 +293,8 @@ def finalize_groups(
                 f"parameter dtype but got {sorted(str(d) for d in trainable)} (FSDP2 raises "
                 "this at the first forward); shard the modules of each dtype separately"
             )
-        shared = {k: v for p in group.params for k, v in aliases.get(p, {}).items()}
+        group.shared_paths = {k: v for p in group.params for k, v in aliases.get(p, {}).items()}
+        shared = {shown[k]: shown[v] for k, v in group.shared_paths.items()}
         group.schema = group_unit(group, opts, shared, placements)
         # the gradient of the unsharded parameter, in its dtype (the compute dtype), as
         # FSDPParam.unsharded_grad_data redistributes it

@@ -31,7 +31,12 @@ class Group:
     modules: tuple[nn.Module, ...]
     fqns: tuple[str, ...]
     params: list[nn.Parameter] = field(default_factory=list)
+    # each parameter's name as its unit lists it (without wrapper segments: schema/names)
     param_fqns: list[str] = field(default_factory=list)
+    # each parameter's first FQN in the model's named_parameters(), and the other FQNs of a
+    # shared one -> its first (the modules that hold them: Report.modules)
+    param_paths: list[str] = field(default_factory=list)
+    shared_paths: dict[str, str] = field(default_factory=dict)
     reshard_after_forward: bool | int = True
     schema: Unit | None = None
     # tensor parallelism: the replicated parameters whose gradients are partial sums, all-

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast, get_args
 
 from fsdpviz.errors import ConfigError, did_you_mean
 from fsdpviz.schema.keywords import MatmulPrecision
+from fsdpviz.schema.names import param_names
 from fsdpviz.schema.report import ModuleInfo
 
 if TYPE_CHECKING:  # (torch is imported where it is used: the command line reads the names here)
@@ -290,7 +291,8 @@ def _float8(value: Any, api: str) -> Float8 | None:
 
 
 def float8_weights(modules: Iterable[ModuleInfo], spec: Float8) -> set[str]:
-    """FQNs of the weights that train in float8, from a report's modules."""
+    """FQNs of the weights that train in float8, from a report's modules, each also by the
+    name its unit lists it under (without wrapper segments) where that differs."""
     found: set[str] = set()
     for m in modules:
         if m.module_class != "Linear" or "weight" not in m.params:
@@ -298,7 +300,7 @@ def float8_weights(modules: Iterable[ModuleInfo], spec: Float8) -> set[str]:
         shape = m.params["weight"]
         if len(shape) == 2 and spec.picks(m.fqn, shape[1], shape[0]):
             found.add(f"{m.fqn}.weight" if m.fqn else "weight")
-    return found
+    return found | set(param_names(found).values())
 
 
 def micro_step_syncs(grad_accum: int) -> list[bool]:

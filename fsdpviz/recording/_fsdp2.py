@@ -46,7 +46,7 @@ from fsdpviz.plan.fsdp2_applied import fsdp2_states
 from fsdpviz.recording._events import EventLog, now_ns, patch, recording_config
 from fsdpviz.recording._modules import unwrapped_class
 from fsdpviz.schema.events import Event, Hook
-from fsdpviz.schema.names import group_names, unwrapped_fqn
+from fsdpviz.schema.names import group_names, param_names, unwrapped_fqn
 from fsdpviz.schema.report import Report, Unit, dtype_name
 
 P = ParamSpec("P")
@@ -361,13 +361,17 @@ class FSDP2Recorder(EventLog):
         """The parameter groups, in FSDP2's state order (``named_modules`` of the root)."""
         first: dict[nn.Parameter, str] = {}
         aliases: dict[nn.Parameter, dict[str, str]] = {}
-        for part in self.parts:
-            for raw, p in part.named_parameters(remove_duplicate=False):
-                n = unwrapped_fqn(raw)
-                if p in first:
-                    aliases.setdefault(p, {})[n] = first[p]
-                else:
-                    first[p] = n
+        named = [
+            (raw, p)
+            for part in self.parts
+            for raw, p in part.named_parameters(remove_duplicate=False)
+        ]
+        shown = param_names(raw for raw, _ in named)  # as a plan names them
+        for raw, p in named:
+            if p in first:
+                aliases.setdefault(p, {})[shown[raw]] = first[p]
+            else:
+                first[p] = shown[raw]
         out: list[Unit] = []
         states = [state for part in self.parts for state in fsdp2_states(part)]
         tp = any(

@@ -73,7 +73,7 @@ from fsdpviz.schema.keywords import PlanKwargs
 from fsdpviz.schema.mesh import ParallelDims
 from fsdpviz.schema.names import unit_label
 from fsdpviz.schema.profile import StepProfile, TraceProfile
-from fsdpviz.schema.report import DTYPE_SIZES, Report, Unit
+from fsdpviz.schema.report import DTYPE_SIZES, Report, Unit, param_shapes
 
 REPLAYABLE = {
     "FSDP1": {
@@ -146,10 +146,7 @@ def _check_tensor_parallel(report: Report, changes: Mapping[str, Any]) -> None:
 def _shapes(report: Report) -> dict[str, list[int]]:
     """Each parameter's shape, as one rank's FSDP shards it: under tensor parallelism its
     tp-local shape (FSDP2 shards the local tensor), else the whole one."""
-    out: dict[str, list[int]] = {}
-    for m in report.modules:
-        for name, shape in m.params.items():
-            out[f"{m.fqn}.{name}" if m.fqn else name] = list(shape)
+    out = {fqn: list(shape) for fqn, shape in param_shapes(report.modules).items()}
     tp = report.config.parallel_dims.tp
     if tp > 1:
         for u in report.units:

@@ -384,13 +384,14 @@ def group_placements(groups: list[Group]) -> list[ParamPlacement]:
     out: list[ParamPlacement] = []
     for g in groups:
         size = g.schema.itemsize if g.schema else 0
-        shapes = {f: list(p.shape) for f, p in zip(g.param_fqns, g.params, strict=True)}
-        out.extend(ParamPlacement(f, g.name, s, size, f) for f, s in shapes.items())
-        if g.schema is not None:
-            out.extend(
-                ParamPlacement(a, g.name, shapes[prim], size, prim)
-                for a, prim in g.schema.shared_params.items()
-            )
+        paths = g.param_paths or g.param_fqns
+        shown = dict(zip(paths, g.param_fqns, strict=True))
+        shapes = {f: list(p.shape) for f, p in zip(paths, g.params, strict=True)}
+        out.extend(ParamPlacement(f, g.name, s, size, shown[f]) for f, s in shapes.items())
+        out.extend(
+            ParamPlacement(a, g.name, shapes[prim], size, shown[prim])
+            for a, prim in g.shared_paths.items()
+        )
     return out
 
 

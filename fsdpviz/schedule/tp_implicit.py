@@ -444,12 +444,16 @@ def scatter_partial_weight(
     a dim 0 they do not divide padded (``Shard._reduce_shard_tensor``)."""
     nbytes = weight.numel() * like.element_size()
     nbytes = padded_bytes(nbytes, weight.shape, "tp_reduce_scatter", PARTIAL, ("shard", 0), tp)
-    entry = (fqn, nbytes, str(like.dtype).removeprefix("torch."))
     for g in groups:
-        if any(p is weight for p in g.params) and entry not in g.tp_partial_grads:
+        i = next((i for i, p in enumerate(g.params) if p is weight), None)
+        if i is None:
+            continue
+        name = g.param_fqns[i]  # ``fqn`` as its unit lists it (without wrapper segments)
+        entry = (name, nbytes, str(like.dtype).removeprefix("torch."))
+        if entry not in g.tp_partial_grads:
             g.tp_partial_grads.append(entry)
             g.tp_partial_grads.sort(key=lambda e: g.param_fqns.index(e[0]))
-            g.tp_scattered_grads.add(fqn)
+            g.tp_scattered_grads.add(name)
 
 
 def normalised(

@@ -1,9 +1,35 @@
-"""How every text names a unit or a module (shared by the data types that write sentences)."""
+"""How every text names a unit, a module or a parameter (shared by the data types that write
+sentences).
+
+Names with wrapper segments. ``CheckpointWrapper`` (``_checkpoint_wrapped_module``),
+``torch.compile``'s ``OptimizedModule`` (``_orig_mod``) and FSDP1 (``_fsdp_wrapped_module``)
+each put a segment into the FQNs ``named_modules()`` and ``named_parameters()`` print; the
+state dict torch's distributed checkpoint saves (``get_model_state_dict``; FSDP1's full
+state dict, ``clean_tensor_name``) leaves them out, and so does ``CheckpointWrapper``'s own
+``state_dict()`` its segment. A report names them per API as follows, a prediction, a plan
+of a model already sharded and a recording alike:
+
+- FSDP2 (``fully_shard`` adds no segment): a unit and each of its parameters (``Unit.params``
+  and every table keyed by them: shared, frozen, unused, dtypes, shards, tp placements, the
+  keys of ``param_first_use``) are named without wrapper segments, as that state dict keys
+  them (:func:`group_names`, :func:`param_names`): ``blocks.0`` and ``blocks.0.ln.weight``
+  for the block inside ``blocks.0``'s checkpoint wrapper. Names that would then collide
+  keep their segments. The modules (``Report.modules``, ``module_order``) keep the FQNs the
+  model's ``named_modules()`` prints, wrapper and wrapped module each its own.
+- FSDP1: FSDP's own segment is left out and the others kept, as FSDP1's
+  ``named_parameters()`` prints them inside ``summon_full_params`` (and as the model handed
+  to ``FullyShardedDataParallel`` names them): a unit wrapping the block inside a
+  checkpoint wrapper is ``blocks.0._checkpoint_wrapped_module``, its parameters
+  ``blocks.0._checkpoint_wrapped_module.ln.weight``.
+
+``compare`` matches parameters by :func:`unwrapped_fqn` whatever the API, and
+:meth:`Report.unit` finds a unit by either spelling of its module.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import SupportsIndex, overload
 
 # Wrappers that insert a segment into module and parameter names, as FSDP's own
@@ -15,6 +41,18 @@ def unwrapped_fqn(fqn: str) -> str:
     """``fqn`` without wrapper segments (``layers.0._checkpoint_wrapped_module.mlp`` ->
     ``layers.0.mlp``): the name a recording gives a parameter, and compare matches by."""
     return ".".join(s for s in fqn.split(".") if s and s not in WRAPPER_SEGMENTS)
+
+
+def param_names(fqns: Iterable[str]) -> dict[str, str]:
+    """Each parameter FQN -> the name an FSDP2 unit lists it under: without wrapper
+    segments, unless another FQN of ``fqns`` would then share it (both keep theirs).
+
+    ``param_names(["a._checkpoint_wrapped_module.w", "b"])`` ->
+    ``{"a._checkpoint_wrapped_module.w": "a.w", "b": "b"}``
+    """
+    given = list(dict.fromkeys(fqns))
+    taken = Counter(unwrapped_fqn(f) for f in given)
+    return {f: n if taken[(n := unwrapped_fqn(f))] == 1 else f for f in given}
 
 
 def group_names(calls: Sequence[Sequence[str]]) -> list[str]:

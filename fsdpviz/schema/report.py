@@ -107,7 +107,7 @@ Schema of :meth:`Report.to_dict` (``schema_version`` 1):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -118,7 +118,7 @@ from fsdpviz.schema.events import Event, ModuleEvent
 from fsdpviz.schema.extensions import report_method
 from fsdpviz.schema.keywords import DashboardKwargs, SaveKwargs
 from fsdpviz.schema.memory import MemoryReport, size_text, trainable_text
-from fsdpviz.schema.names import UnitNames, unwrapped_fqn
+from fsdpviz.schema.names import UnitNames, param_names, unwrapped_fqn
 from fsdpviz.schema.names import unit_label as unit_label
 from fsdpviz.schema.pipeline import Pipeline
 from fsdpviz.schema.profile import TraceProfile
@@ -209,8 +209,10 @@ class Unit(Record):
 
     def param_dtype(self, fqn: str) -> str | None:
         """Parameter ``fqn``'s own dtype: its entry in ``param_dtypes`` where the group has
-        several, else the unit's ``dtype``."""
-        return self._own_dtypes.get(fqn) or self.dtype
+        several, else the unit's ``dtype``. ``fqn`` as ``params`` lists it or with the
+        wrapper segments that list leaves out (``schema/names``)."""
+        own = self._own_dtypes
+        return own.get(fqn) or own.get(unwrapped_fqn(fqn)) or self.dtype
 
     @property
     def gradless_params(self) -> set[str]:
@@ -246,6 +248,34 @@ class ModuleInfo(Record):
     calls: int = 0
     input_shapes: list[list[int]] = field(default_factory=list)
     output_shapes: list[list[int]] = field(default_factory=list)
+
+
+def param_modules(modules: Iterable[ModuleInfo]) -> dict[str, str]:
+    """The module holding each parameter of ``modules``, by the parameter's FQN, each
+    followed by the name a unit lists it under where that differs (FSDP2's, without
+    wrapper segments: ``schema/names``)."""
+    owners = {f"{m.fqn}.{name}" if m.fqn else name: m.fqn for m in modules for name in m.params}
+    shown = param_names(owners)
+    out: dict[str, str] = {}
+    for fqn, owner in owners.items():
+        out.setdefault(fqn, owner)
+        out.setdefault(shown[fqn], owner)
+    return out
+
+
+def param_shapes(modules: Iterable[ModuleInfo]) -> dict[str, list[int]]:
+    """Each parameter's shape, by the names :func:`param_modules` gives it, in its order."""
+    shapes = {
+        f"{m.fqn}.{name}" if m.fqn else name: shape
+        for m in modules
+        for name, shape in m.params.items()
+    }
+    shown = param_names(shapes)
+    out: dict[str, list[int]] = {}
+    for fqn, shape in shapes.items():
+        out.setdefault(fqn, shape)
+        out.setdefault(shown[fqn], shape)
+    return out
 
 
 IGNORED = "<ignored>"

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TypedDict
 
 from fsdpviz.plan.option_specs import RESHARD
-from fsdpviz.schema.report import ModuleInfo, Report, Unit, unit_label
+from fsdpviz.schema.report import ModuleInfo, Report, Unit, param_shapes, unit_label
 from fsdpviz.views.style import format_bytes
 from fsdpviz.views.tree import ModuleTree, TreeNode, module_tree
 
@@ -79,13 +79,8 @@ def _shape(dims: list[int] | None) -> str:
 
 
 def _param_shapes(report: Report) -> dict[str, list[int]]:
-    """Every parameter's shape, by FQN."""
-    shapes: dict[str, list[int]] = {}
-    for m in report.modules:
-        prefix = f"{m.fqn}." if m.fqn else ""
-        for name, dims in m.params.items():
-            shapes[prefix + name] = dims
-    return shapes
+    """Every parameter's shape, by FQN and by the name its unit lists it under."""
+    return param_shapes(report.modules)
 
 
 def param_rows(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from fsdpviz.schema.names import unwrapped_fqn
 from fsdpviz.schema.report import ModuleInfo, Report, Unit
 
 __all__ = [
@@ -160,7 +161,11 @@ def _counted(m: ModuleInfo, shared: set[str]) -> tuple[int, int]:
         return m.numel, m.bytes
     if shared:
         prefix = f"{m.fqn}." if m.fqn else ""
-        shapes = [shape for name, shape in m.params.items() if prefix + name not in shared]
+        shapes = [
+            shape
+            for name, shape in m.params.items()
+            if prefix + name not in shared and unwrapped_fqn(prefix + name) not in shared
+        ]
     else:
         shapes = list(m.params.values())
     numel = sum(map(math.prod, shapes))
