@@ -111,7 +111,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Unpack
+from typing import Any, Literal, TypeVar, Unpack
 
 from fsdpviz.schema.config import ReportConfig
 from fsdpviz.schema.events import Event, ModuleEvent
@@ -250,31 +250,33 @@ class ModuleInfo(Record):
     output_shapes: list[list[int]] = field(default_factory=list)
 
 
+_T = TypeVar("_T")
+
+
 def param_modules(modules: Iterable[ModuleInfo]) -> dict[str, str]:
     """The module holding each parameter of ``modules``, by the parameter's FQN, each
     followed by the name a unit lists it under where that differs (FSDP2's, without
     wrapper segments: ``schema/names``)."""
-    owners = {f"{m.fqn}.{name}" if m.fqn else name: m.fqn for m in modules for name in m.params}
-    shown = param_names(owners)
-    out: dict[str, str] = {}
-    for fqn, owner in owners.items():
-        out.setdefault(fqn, owner)
-        out.setdefault(shown[fqn], owner)
-    return out
+    return _also_as_listed({_param_fqn(m, n): m.fqn for m in modules for n in m.params})
 
 
 def param_shapes(modules: Iterable[ModuleInfo]) -> dict[str, list[int]]:
     """Each parameter's shape, by the names :func:`param_modules` gives it, in its order."""
-    shapes = {
-        f"{m.fqn}.{name}" if m.fqn else name: shape
-        for m in modules
-        for name, shape in m.params.items()
-    }
-    shown = param_names(shapes)
-    out: dict[str, list[int]] = {}
-    for fqn, shape in shapes.items():
-        out.setdefault(fqn, shape)
-        out.setdefault(shown[fqn], shape)
+    return _also_as_listed({_param_fqn(m, n): s for m in modules for n, s in m.params.items()})
+
+
+def _param_fqn(module: ModuleInfo, name: str) -> str:
+    return f"{module.fqn}.{name}" if module.fqn else name
+
+
+def _also_as_listed(by_fqn: dict[str, _T]) -> dict[str, _T]:
+    """``by_fqn``, each entry followed by the same value under the name a unit lists the
+    parameter under (:func:`~fsdpviz.schema.names.param_names`) where that differs."""
+    shown = param_names(by_fqn)
+    out: dict[str, _T] = {}
+    for fqn, value in by_fqn.items():
+        out.setdefault(fqn, value)
+        out.setdefault(shown[fqn], value)
     return out
 
 
