@@ -291,8 +291,16 @@ def fsdp1_events(fsdp: nn.Module, inputs: Any) -> Iterator[EventLog]:
         yield log
 
 
-def fsdp1_run(fsdp: nn.Module, ids: torch.Tensor, micro_steps: int) -> Measured:
-    """Real FSDP1 ``fsdp`` (``ids`` its input, held through the step): one optimizer step
+def fsdp1_run(
+    fsdp: nn.Module,
+    ids: torch.Tensor,
+    micro_steps: int,
+    forward: Callable[[nn.Module], Any] | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
+) -> Measured:
+    """Real FSDP1 ``fsdp`` (``ids`` its input, held through the step; ``forward``: a
+    micro-step's call, by default ``fsdp(ids)``, its output held through the backward of
+    ``loss`` of it, by default its sum): one optimizer step
     (its buffers made, its orders recorded), then the events of the next one's micro-steps
     (the first ``micro_steps - 1`` under ``no_sync``), each with the bytes at its moment and
     the most since the event before.
@@ -308,11 +316,14 @@ def fsdp1_run(fsdp: nn.Module, ids: torch.Tensor, micro_steps: int) -> Measured:
 
     from test_cost_fsdp1_memtracker import _loss
 
+    call = forward or (lambda m: m(ids))
+    loss_of = loss or _loss
+
     def step(tracker: Any = None) -> None:
         for k in range(micro_steps):
             with fsdp.no_sync() if k < micro_steps - 1 else nullcontext():  # type: ignore[operator]
-                out = fsdp(ids)
-                _loss(out).backward()
+                out = call(fsdp)
+                loss_of(out).backward()
                 del out
             if tracker is not None:
                 tracker.reset_mod_stats()  # it follows one iteration at a time

@@ -29,7 +29,7 @@ from typing import Any, cast
 
 import pytest
 import torch
-from every_event import Measured, fsdp1_events, fsdp2_events, same, steady
+from every_event import Measured, fsdp1_run, fsdp2_events, same, steady
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -197,7 +197,6 @@ def _fsdp1_measured(model: nn.Module, options: dict[str, Any], micro_steps: int 
     orders recorded), then the events of the next one's micro-steps, those before the last
     under ``no_sync``."""
     import warnings
-    from contextlib import nullcontext
 
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -207,23 +206,7 @@ def _fsdp1_measured(model: nn.Module, options: dict[str, Any], micro_steps: int 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the frozen base mixed with the adapters in a unit
         fsdp = FSDP(model, auto_wrap_policy=policy, device_id=torch.device("cpu"), **options)
-
-    def step(tracker: Any = None) -> None:
-        for k in range(micro_steps):
-            with fsdp.no_sync() if k < micro_steps - 1 else nullcontext():
-                out = fsdp(input_ids=ids, labels=ids)
-                _loss(out).backward()
-                del out
-            if tracker is not None:
-                tracker.reset_mod_stats()  # it follows one iteration at a time
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        step()
-    fsdp.zero_grad(set_to_none=True)
-    with fsdp1_events(fsdp, ids) as log:
-        step(log.tracker)
-    return cast(Measured, log.measured())
+    return fsdp1_run(fsdp, ids, micro_steps, lambda m: m(input_ids=ids, labels=ids), _loss)
 
 
 # (precision, checkpointed by: see _build, micro-steps, the rank it runs as). Under no_sync
