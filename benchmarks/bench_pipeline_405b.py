@@ -121,7 +121,7 @@ def published() -> None:
         peak = mem.peak["bytes"] / 2**30
         reserved = mem.reserved["bytes"] / 2**30
         rows.append((schedule, tps, tl.totals["tokens_per_s"], gib, peak, reserved))
-        share = tl.totals["bubble_s"] / (tl.totals["step_s"] * report.config.mesh_dims.pp)
+        share = tl.totals["bubble_s"] / (tl.totals["step_s"] * report.config.parallel_dims.pp)
         print(
             f"{schedule}: analysed in {elapsed:.1f} CPU s, timed in {timed:.1f} s; step "
             f"{tl.totals['step_s']:.1f} s, bubbles {share:.0%} of the GPU time, largest "
