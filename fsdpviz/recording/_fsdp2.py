@@ -98,7 +98,8 @@ class FSDP2Recorder(EventLog):
         for part in self.parts:
             names = {m: n for n, m in part.named_modules()}
             states = list(fsdp2_states(part))
-            calls = [[n for m, n in names.items() if m in set(s._modules)] for s in states]
+            owned = [set(s._modules) for s in states]
+            calls = [[n for m, n in names.items() if m in mods] for mods in owned]
             for state, name in zip(states, group_names(calls), strict=True):
                 self._state_names[id(state)] = name
                 if state._fsdp_param_group is not None:

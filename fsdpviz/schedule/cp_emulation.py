@@ -77,6 +77,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch._prims_common import make_contiguous_strides_for
 
 from fsdpviz.errors import ConfigError
 from fsdpviz.plan.fsdp2_group import Group, owner_index
@@ -193,7 +194,7 @@ class CPEmulation:
         the rank's is contiguous (a view of the same bytes: a rank's values are not traced)."""
         if t.is_contiguous() or not self.one_head(like):
             return t
-        return t.as_strided(t.shape, _contiguous_strides(t.shape))
+        return t.as_strided(t.shape, make_contiguous_strides_for(t.shape))
 
     def laid_as(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """``t``, a result of the ring in ``like``'s shape, in ``like``'s strides where the rank
@@ -510,11 +511,3 @@ def _dense(t: torch.Tensor) -> bool:
             return False
         expected *= n
     return True
-
-
-def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
