@@ -406,3 +406,36 @@ def test_memory_on_other_nodes_notes_the_tp_strategies_as_the_timeline_does(
     assert not moved(memory_model(report, machine=same).notes)
     assert not moved(memory_model(report).notes) and not moved(report.memory.notes)
     assert there.peak == memory_model(report, machine=same).peak
+
+
+def test_a_checkpoint_wrapped_tensor_parallel_model_keeps_its_tp_shares() -> None:
+    """FSDP2 x TP on a model whose blocks are inside ``checkpoint_wrapper`` (its tp plan
+    naming the wrapper's segment): each tp-sharded parameter's share a rank holds
+    (``tp_chunk_shares``, which sizes a ``Partial()`` weight gradient's reduce-scatter) is
+    found by the name its unit lists it under, as for the same model unwrapped."""
+    import warnings
+
+    import tp_models
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from fsdpviz.cost.grad_sizes import tp_chunk_shares
+
+    def shares(wrapped: bool) -> dict[str, Any]:
+        with torch.device("meta"):
+            model = tp_models.Llama()
+        if wrapped:
+            for k in list(model.layers):
+                model.layers[k] = checkpoint_wrapper(model.layers[k])
+        segment = "._checkpoint_wrapped_module" if wrapped else ""
+        blocks = {f"layers.*{segment}.{k}": v for k, v in tp_models.block_plan().items()}
+        plan = {**tp_models.top_plan(), **blocks}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = fsdpviz.analyze(model, tp_models.tokens(), fully_shard=tp_models.LAYERS,
+                                     mesh=("dp_shard", 2, "tp", 2), parallelize_plan=plan,
+                                     progress=False)  # fmt: skip
+        return tp_chunk_shares(report)
+
+    plain, wrapped = shares(False), shares(True)
+    assert len(plain) == 12
+    assert wrapped == plain

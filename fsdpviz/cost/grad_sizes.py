@@ -64,11 +64,7 @@ def tp_chunk_shares(report: Report) -> dict[str, Fraction]:
     tp = report.config.parallel_dims.tp
     if report.config.api != "FSDP2" or tp <= 1:
         return {}
-    shapes = {
-        f"{m.fqn}.{name}" if m.fqn else name: shape
-        for m in report.modules
-        for name, shape in m.params.items()
-    }
+    shapes = param_shapes(report.modules)  # by the names tp_placements keys
     out: dict[str, Fraction] = {}
     for u in report.units:
         for fqn, placement in u.tp_placements.items():

@@ -145,7 +145,7 @@ def unit_bytes(report: Report, optimizer: str | int | None) -> dict[str, UnitByt
             out = _with_grad_bases(report, out)
     if not fsdp2 and report.config.use_orig_params and not offload:
         out = _with_unsharded_grad_views(report, out)
-    shapes = _param_shapes(report)
+    shapes = param_shapes(report.modules)
     for u in report.units if fsdp2 else ():
         if u.shard_ranks == 1 and u.compute_dtype:
             out[u.module] = replace(out[u.module], one_rank_copy=_one_rank_copy(u, shapes))
@@ -350,7 +350,7 @@ def _with_unsharded_grad_views(report: Report, out: dict[str, UnitBytes]) -> dic
     rank (an upper bound where the ranks' parts differ, as ``grad_views``). Every
     parameter's, the frozen ones' too: each gets a view of the FlatParameter's gradient.
     A part is a 1-D slice: it has the view's shape where it is a whole 1-D parameter."""
-    shapes = _param_shapes(report)
+    shapes = param_shapes(report.modules)
     for u in report.units:
         if u.requires_grad is False or not u.sharded_numel:
             continue
@@ -378,7 +378,7 @@ def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
     unit keeps it where it is sharded (every strategy but ``NO_SHARD``), computes in its
     parameters' dtype, and a trainable 1-D parameter lies whole in the rank's shard (see
     [Note: gradient bases kept by the original parameters] in memory_fsdp1.py)."""
-    shapes = _param_shapes(report)
+    shapes = param_shapes(report.modules)
     by_rank: dict[int, list[str]] = {}
     for u in report.units:
         compute = u.compute_dtype or u.dtype
@@ -404,11 +404,6 @@ def _with_grad_bases(report: Report, out: dict[str, UnitBytes]) -> dict[str, Uni
     return {name: replace(b, grad_base=name in most) for name, b in out.items()}
 
 
-def _param_shapes(report: Report) -> dict[str, list[int]]:
-    """Each parameter's shape, by its FQN and by the name its unit lists it under."""
-    return param_shapes(report.modules)
-
-
 def _orig_layout(report: Report, u: Unit, numels: list[int]) -> FlatLayout:
     """The layout of ``u``'s FlatParameter, of parameters of ``numels`` elements, with
     ``use_orig_params=True``."""
@@ -431,7 +426,7 @@ def fsdp1_parts(report: Report, ignored: bool = False) -> list[list[tuple[str, i
     without one left out (FSDP gives them no gradient: the optimizer skips them).
     ``ignored``: with the trainable parameters FSDP does not manage, whole on every rank
     (:data:`~fsdpviz.schema.report.IGNORED`), after their module's own."""
-    shapes = _param_shapes(report)
+    shapes = param_shapes(report.modules)
     held: dict[str, dict[int, tuple[str, int]]] = {}  # parameter -> {rank: (unit, part)}
     ranks = 1
     for u in report.units:
